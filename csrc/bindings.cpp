@@ -1,0 +1,102 @@
+// fastcollate._C: the Python entry points over the walk, the copy engine and the arena pool.
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+
+#include "arena_pool.h"
+#include "plan.h"
+
+namespace fastcollate {
+namespace {
+
+std::atomic<uint64_t> g_batches{0}, g_bytes{0}, g_leaves{0}, g_deferred{0};
+
+at::Tensor checked_arena(py::handle alloc_fn, size_t nbytes) {
+  at::Tensor arena = py::reinterpret_borrow<py::object>(alloc_fn)(nbytes).cast<at::Tensor>();
+  TORCH_CHECK(arena.device().is_cpu() && arena.scalar_type() == at::kByte && arena.dim() == 1 &&
+                  arena.is_contiguous() && static_cast<size_t>(arena.numel()) >= nbytes,
+              "fastcollate: the arena allocator must return a contiguous 1-D uint8 CPU tensor of at least ",
+              nbytes, " bytes; got ", arena.scalar_type(), " of shape ", arena.sizes(), " on ", arena.device());
+  TORCH_CHECK(nbytes == 0 || reinterpret_cast<uintptr_t>(arena.data_ptr()) % kLeafAlign == 0,
+              "fastcollate: the arena must be ", kLeafAlign, "-byte aligned");
+  return arena;
+}
+
+// One batch: walk (GIL held), allocate the arena, copy (GIL released), rebuild (GIL held).
+// alloc_fn is None for the pageable pool, else a callable nbytes -> uint8 tensor.
+py::object collate(py::handle batch, py::handle alloc_fn, int num_threads, py::handle defer_fn) {
+  Plan plan = build_plan(batch, defer_fn);
+  at::Tensor arena;
+  if (plan.tensor_leaves > 0) {
+    arena = alloc_fn.is_none() ? pool_allocate(plan.nbytes) : checked_arena(alloc_fn, plan.nbytes);
+    py::gil_scoped_release no_gil;
+    run_copies(plan, arena, num_threads);
+  }
+  py::object out = assemble(plan, arena, batch);
+  g_batches.fetch_add(1, std::memory_order_relaxed);
+  g_bytes.fetch_add(plan.nbytes, std::memory_order_relaxed);
+  g_leaves.fetch_add(plan.tensor_leaves, std::memory_order_relaxed);
+  g_deferred.fetch_add(plan.deferred, std::memory_order_relaxed);
+  return out;
+}
+
+py::dict stats() {
+  const PoolStats p = pool_stats();
+  py::dict d;
+  d["batches"] = g_batches.load();
+  d["bytes"] = g_bytes.load();
+  d["tensor_leaves"] = g_leaves.load();
+  d["deferred_leaves"] = g_deferred.load();
+  d["arenas_allocated"] = p.allocated;
+  d["arenas_reused"] = p.reused;
+  d["arenas_unpooled"] = p.unpooled;
+  d["arenas_evicted"] = p.evicted;
+  d["arenas_in_use"] = p.in_use;
+  d["pool_bytes"] = p.pool_bytes;
+  d["pool_idle_bytes"] = p.idle_bytes;
+  d["pool_limit_bytes"] = p.limit_bytes;
+  return d;
+}
+
+void reset_counters() {
+  g_batches = 0;
+  g_bytes = 0;
+  g_leaves = 0;
+  g_deferred = 0;
+}
+
+// Raw threaded copy of src into dst (same byte size): the benchmark's engine ceiling and a
+// direct test of the byte split.
+void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, int64_t piece_bytes) {
+  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu() && src.device().is_cpu(),
+              "copy_bytes: contiguous CPU tensors only");
+  const size_t n = src.numel() * src.element_size();
+  TORCH_CHECK(static_cast<size_t>(dst.numel() * dst.element_size()) == n, "copy_bytes: sizes differ");
+  TORCH_CHECK(piece_bytes > 0, "copy_bytes: piece_bytes must be positive");
+  std::vector<CopyPiece> pieces;
+  const auto* s = static_cast<const uint8_t*>(src.data_ptr());
+  for (size_t off = 0; off < n; off += static_cast<size_t>(piece_bytes)) {
+    pieces.push_back({s + off, off, std::min(n - off, static_cast<size_t>(piece_bytes))});
+  }
+  py::gil_scoped_release no_gil;
+  copy_pieces(pieces, static_cast<uint8_t*>(dst.data_ptr()), num_threads);
+}
+
+}  // namespace
+}  // namespace fastcollate
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace fc = fastcollate;
+  m.doc() = "fastcollate's compiled engine";
+  m.def("collate", &fc::collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"));
+  m.def("stats", &fc::stats);
+  m.def("reset_counters", &fc::reset_counters);
+  m.def("pool_allocate", [](size_t n) { return fc::pool_allocate(n); });
+  m.def("pool_size_class", &fc::pool_size_class);
+  m.def("pool_set_limit", &fc::pool_set_limit);
+  m.def("pool_trim", &fc::pool_trim);
+  m.def("copy_bytes", &fc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("num_threads"), py::arg("piece_bytes"));
+  m.def("hardware_threads", &fc::hardware_threads);
+  m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
+  m.attr("align") = fc::kLeafAlign;
+}

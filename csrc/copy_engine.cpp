@@ -1,0 +1,167 @@
+#include "copy_engine.h"
+
+#include <pthread.h>
+
+#include <new>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace fastcollate {
+namespace {
+
+// A small persistent pool: spawning threads per batch would cost more than a small copy.
+class ThreadPool {
+ public:
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void ensure_workers(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (static_cast<int>(workers_.size()) < n) workers_.emplace_back([this] { loop(); });
+  }
+
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> workers_;
+  bool stop_ = false;
+};
+
+std::mutex g_pool_mu;
+std::unique_ptr<ThreadPool> g_pool;
+
+// After fork() the child has the parent's pool object but none of its threads, and the mutexes
+// may have been held at the fork: the child abandons that object (never touched, never
+// destroyed) and makes its own pool on first use.
+void abandon_pool_in_child() {
+  (void)g_pool.release();
+  new (&g_pool_mu) std::mutex();
+}
+
+ThreadPool& pool_for_this_process(int workers) {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, &abandon_pool_in_child);
+    return true;
+  }();
+  (void)registered;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_pool) g_pool = std::make_unique<ThreadPool>();
+  g_pool->ensure_workers(workers);
+  return *g_pool;
+}
+
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining;
+  std::exception_ptr error;
+};
+
+}  // namespace
+
+int hardware_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void parallel_run(int ntasks, const std::function<void(int)>& fn) {
+  if (ntasks <= 0) return;
+  if (ntasks == 1) {
+    fn(0);
+    return;
+  }
+  ThreadPool& pool = pool_for_this_process(std::min(ntasks - 1, 63));
+  Completion done;
+  done.remaining = ntasks - 1;
+  for (int i = 1; i < ntasks; ++i) {
+    pool.submit([&done, &fn, i] {
+      std::exception_ptr err;
+      try {
+        fn(i);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(done.mu);
+      if (err && !done.error) done.error = err;
+      if (--done.remaining == 0) done.cv.notify_one();
+    });
+  }
+  std::exception_ptr mine;
+  try {
+    fn(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock<std::mutex> lock(done.mu);
+  done.cv.wait(lock, [&done] { return done.remaining == 0; });
+  if (mine) std::rethrow_exception(mine);
+  if (done.error) std::rethrow_exception(done.error);
+}
+
+void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads) {
+  size_t total = 0;
+  for (const auto& p : pieces) total += p.nbytes;
+  int threads = std::max(1, num_threads);
+  if (total < kParallelCopyMinBytes) threads = 1;
+  threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(1, total / (kParallelCopyMinBytes / 2))));
+  if (threads == 1) {
+    for (const auto& p : pieces) std::memcpy(base + p.dst_offset, p.src, p.nbytes);
+    return;
+  }
+  // Thread t copies bytes [t*share, (t+1)*share) of the concatenated pieces, cutting pieces at
+  // the boundaries, so every thread moves the same number of bytes whatever the piece sizes.
+  std::vector<size_t> starts(pieces.size() + 1, 0);  // starts[i]: bytes before piece i
+  for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i].nbytes;
+  const size_t share = (total + threads - 1) / threads;
+  parallel_run(threads, [&](int t) {
+    const size_t lo = std::min(total, share * t);
+    const size_t hi = std::min(total, share * (t + 1));
+    // the last piece that starts at or before lo
+    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
+    for (size_t pos = lo; pos < hi && i < pieces.size(); ++i) {
+      const CopyPiece& p = pieces[i];
+      const size_t skip = pos - starts[i];
+      const size_t n = std::min(p.nbytes - skip, hi - pos);
+      std::memcpy(base + p.dst_offset + skip, p.src + skip, n);
+      pos += n;
+    }
+  });
+}
+
+}  // namespace fastcollate

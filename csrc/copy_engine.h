@@ -1,0 +1,30 @@
+// The threaded byte copy: many (src, dst, n) pieces into one arena, split across threads by
+// bytes. Knows nothing about Python; callers release the GIL around it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace fastcollate {
+
+struct CopyPiece {
+  const uint8_t* src;
+  size_t dst_offset;  // into the arena
+  size_t nbytes;
+};
+
+// Below this many bytes a copy stays on the calling thread: waking workers costs more.
+constexpr size_t kParallelCopyMinBytes = 1 << 20;
+
+// Copies every piece to base + dst_offset, using up to num_threads threads (the caller is one).
+void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads);
+
+// Runs fn(0) .. fn(ntasks - 1) on the shared pool, the calling thread taking part; returns when
+// all have finished. The first exception thrown by a task is rethrown here.
+void parallel_run(int ntasks, const std::function<void(int)>& fn);
+
+int hardware_threads();
+
+}  // namespace fastcollate

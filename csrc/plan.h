@@ -1,0 +1,96 @@
+// The plan of one batch: what the walk of the samples found (leaf shapes, dtypes, arena
+// offsets, the byte pieces to copy) and the container skeleton to rebuild around the views.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "copy_engine.h"
+
+namespace fastcollate {
+
+namespace py = pybind11;
+
+constexpr size_t kLeafAlign = 64;
+
+enum class NodeKind : uint8_t {
+  Tensor,            // a leaf living in the arena
+  Object,            // put in the output as it is (lists of str, results left outside the arena)
+  Dict,              // sample 0 is an exact dict: a new dict with the same keys, in order
+  MappingCopy,       // other MutableMapping: copy.copy(sample 0), then update()
+  MappingConstruct,  // other Mapping: type(sample 0)(dict)
+  NamedTuple,        // type(sample 0)(*fields)
+  List,              // tuples and lists: a new list
+  SeqCopy,           // other MutableSequence: copy.copy(sample 0), then item assignment
+  SeqConstruct,      // other Sequence: type(sample 0)(list)
+};
+
+struct Node {
+  NodeKind kind = NodeKind::Object;
+  // Tensor
+  at::ScalarType dtype = at::kByte;
+  std::vector<int64_t> sizes;
+  size_t offset = 0;
+  size_t nbytes = 0;
+  // Object
+  py::object obj;
+  // containers
+  py::object elem;
+  std::vector<py::object> keys;
+  std::vector<Node> children;
+};
+
+// A copy that memcpy cannot do: a strided or conjugated source, or a dtype conversion.
+struct Conversion {
+  at::Tensor src;
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;
+  size_t dst_offset;
+};
+
+struct ScalarPiece {
+  size_t src_offset;  // into Plan::scalars
+  size_t dst_offset;
+  size_t nbytes;
+};
+
+struct Plan {
+  Node root;
+  size_t nbytes = 0;          // arena size
+  size_t tensor_leaves = 0;   // leaves placed in the arena
+  size_t deferred = 0;        // leaves (or subtrees) the Python reference computed
+  std::vector<CopyPiece> pieces;
+  std::vector<ScalarPiece> scalar_pieces;
+  std::vector<uint8_t> scalars;
+  std::vector<Conversion> conversions;
+  // Owners of every CopyPiece::src, so the GIL-free copy reads live memory even if another
+  // thread drops the samples meanwhile: the tensors' Python objects (cheap, non-atomic
+  // references) or, for tensors made here (numpy, reference results), the tensors.
+  std::vector<py::object> keep_objects;
+  std::vector<at::Tensor> keep_alive;
+
+  size_t reserve(size_t bytes) {
+    const size_t off = (nbytes + kLeafAlign - 1) / kLeafAlign * kLeafAlign;
+    nbytes = off + bytes;
+    return off;
+  }
+};
+
+// Walks the batch (GIL held). defer_fn(samples, path) is the Python reference, called for
+// anything off the fast path; it returns the collated value or raises the error to report.
+Plan build_plan(py::handle batch, py::handle defer_fn);
+
+// Copies every leaf into the arena. Touches no Python object: call with the GIL released.
+void run_copies(Plan& plan, const at::Tensor& arena, int num_threads);
+
+// Rebuilds the containers around views of the arena (GIL held).
+py::object assemble(Plan& plan, const at::Tensor& arena, py::handle batch);
+
+// A view of the arena: dtype, contiguous sizes, at a byte offset.
+at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes);
+
+}  // namespace fastcollate

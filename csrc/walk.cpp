@@ -1,0 +1,458 @@
+// The walk: Python containers of samples -> a Plan. It mirrors default_collate's dispatch
+// (which looks at sample 0 and trusts the rest) but checks every sample; anything it cannot
+// place exactly -- mixed dtypes, odd types, a shape or key mismatch -- goes to the Python
+// reference, which computes default_collate's value or raises its error with the key path.
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/tensor_numpy.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "plan.h"
+
+namespace fastcollate {
+namespace {
+
+constexpr int kMaxDepth = 200;
+
+// Types looked up once (GIL held) and kept for the life of the process.
+struct PyTypes {
+  PyObject* mapping = nullptr;
+  PyObject* mutable_mapping = nullptr;
+  PyObject* sequence = nullptr;
+  PyObject* mutable_sequence = nullptr;
+  PyTypeObject* ndarray = nullptr;   // null without numpy
+  PyObject* np_scalars = nullptr;    // (np.bool_, np.number, np.object_), as default_collate uses
+  std::unordered_map<PyTypeObject*, at::ScalarType> np_scalar_dtype;
+};
+
+const PyTypes& types() {
+  static const PyTypes* t = [] {
+    static PyTypes pt;
+    py::module_ abc = py::module_::import("collections.abc");
+    pt.mapping = py::object(abc.attr("Mapping")).release().ptr();
+    pt.mutable_mapping = py::object(abc.attr("MutableMapping")).release().ptr();
+    pt.sequence = py::object(abc.attr("Sequence")).release().ptr();
+    pt.mutable_sequence = py::object(abc.attr("MutableSequence")).release().ptr();
+    try {
+      py::module_ np = py::module_::import("numpy");
+      pt.ndarray = reinterpret_cast<PyTypeObject*>(py::object(np.attr("ndarray")).release().ptr());
+      pt.np_scalars = py::make_tuple(np.attr("bool_"), np.attr("number"), np.attr("object_")).release().ptr();
+      const std::pair<const char*, at::ScalarType> names[] = {
+          {"bool_", at::kBool},      {"uint8", at::kByte},         {"int8", at::kChar},
+          {"int16", at::kShort},     {"int32", at::kInt},          {"int64", at::kLong},
+          {"float16", at::kHalf},    {"float32", at::kFloat},      {"float64", at::kDouble},
+          {"complex64", at::kComplexFloat}, {"complex128", at::kComplexDouble}};
+      for (const auto& [name, dtype] : names) {
+        pt.np_scalar_dtype[reinterpret_cast<PyTypeObject*>(np.attr(name).ptr())] = dtype;
+      }
+    } catch (py::error_already_set&) {
+      PyErr_Clear();  // no numpy: default_collate has no numpy rows either
+    }
+    return &pt;
+  }();
+  return *t;
+}
+
+bool isinstance(PyObject* obj, PyObject* cls) {
+  const int r = PyObject_IsInstance(obj, cls);
+  if (r < 0) throw py::error_already_set();
+  return r == 1;
+}
+
+// A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested() &&
+         !t.is_quantized() && !t.requires_grad() && !t._is_zerotensor();
+}
+
+enum class Parent { Top, Mapping, Sequence };
+
+// One column of the batch: borrowed objects, owned by the containers being walked.
+struct Samples {
+  PyObject* const* p;
+  size_t n;
+  size_t size() const { return n; }
+  PyObject* operator[](size_t i) const { return p[i]; }
+  PyObject* const* begin() const { return p; }
+  PyObject* const* end() const { return p + n; }
+};
+
+// Dict keys built by the same code are usually the same object; f-string or decoded keys are
+// equal strings instead (hash cached, then compared).
+bool same_key(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b)) return false;
+  const Py_hash_t ha = reinterpret_cast<PyASCIIObject*>(a)->hash;
+  const Py_hash_t hb = reinterpret_cast<PyASCIIObject*>(b)->hash;
+  if (ha != -1 && hb != -1 && ha != hb) return false;
+  return PyUnicode_Compare(a, b) == 0;
+}
+
+class Walker {
+ public:
+  Walker(Plan& plan, py::handle batch, py::handle defer_fn)
+      : plan_(plan), batch_(batch), defer_fn_(defer_fn) {}
+
+  void walk(Node& node, Samples samples, Parent parent, int depth) {
+    if (depth > kMaxDepth) return defer(node, samples, parent);
+    PyObject* e = samples[0];
+    const PyTypes& T = types();
+    if (THPVariable_CheckExact(e)) return tensor_leaf(node, samples, parent, /*numpy=*/false);
+    if (THPVariable_Check(e)) return defer(node, samples, parent);  // subclasses: torch.stack decides
+    if (T.ndarray != nullptr && PyObject_TypeCheck(e, T.ndarray)) return numpy_leaf(node, samples, parent);
+    if (T.np_scalars != nullptr && isinstance(e, T.np_scalars)) return numpy_scalar_leaf(node, samples, parent);
+    if (PyFloat_Check(e)) return float_leaf(node, samples, parent);
+    if (PyLong_Check(e)) return int_leaf(node, samples, parent);
+    if (PyUnicode_Check(e) || PyBytes_Check(e)) {
+      node.kind = NodeKind::Object;
+      node.obj = container(samples, parent);
+      return;
+    }
+    if (PyDict_Check(e) || isinstance(e, T.mapping)) return mapping(node, samples, parent, depth);
+    if (PyTuple_Check(e) && !PyTuple_CheckExact(e) && PyObject_HasAttrString(e, "_fields")) {
+      return named_tuple(node, samples, parent, depth);
+    }
+    if (PyList_Check(e) || PyTuple_Check(e) || isinstance(e, T.sequence)) return sequence(node, samples, parent, depth);
+    defer(node, samples, parent);  // the reference raises default_collate's TypeError, with the path
+  }
+
+ private:
+  // The samples as default_collate's recursion would hold them: the batch itself at the top,
+  // a list under a mapping, a tuple (from zip) under a sequence.
+  py::object container(Samples samples, Parent parent) {
+    if (parent == Parent::Top) return py::reinterpret_borrow<py::object>(batch_);
+    const Py_ssize_t n = static_cast<Py_ssize_t>(samples.size());
+    if (parent == Parent::Mapping) {
+      py::list out(n);
+      for (Py_ssize_t i = 0; i < n; ++i) out[i] = py::reinterpret_borrow<py::object>(samples[i]);
+      return std::move(out);
+    }
+    py::tuple out(n);
+    for (Py_ssize_t i = 0; i < n; ++i) out[i] = py::reinterpret_borrow<py::object>(samples[i]);
+    return std::move(out);
+  }
+
+  void defer(Node& node, Samples samples, Parent parent) {
+    py::object result = defer_fn_(container(samples, parent), py::tuple(py::cast(path_)));
+    ++plan_.deferred;
+    node.children.clear();
+    node.keys.clear();
+    if (THPVariable_CheckExact(result.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(result.ptr());
+      if (plain(t)) {
+        node.kind = NodeKind::Tensor;
+        node.dtype = t.scalar_type();
+        node.sizes = t.sizes().vec();
+        node.nbytes = t.numel() * t.element_size();
+        node.offset = plan_.reserve(node.nbytes);
+        ++plan_.tensor_leaves;
+        add_copy(t, node.offset, node.nbytes);
+        return;
+      }
+    }
+    node.kind = NodeKind::Object;
+    node.obj = std::move(result);
+  }
+
+  void add_copy(const at::Tensor& t, size_t dst_offset, size_t nbytes) {
+    if (nbytes == 0) return;
+    if (t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
+      plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst_offset, nbytes});
+      plan_.keep_alive.push_back(t);
+    } else {
+      plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst_offset});
+    }
+  }
+
+  void tensor_leaf(Node& node, Samples samples, Parent parent, bool numpy) {
+    const size_t B = samples.size();
+    // Borrowed: the samples' Python objects (or `made`, for numpy) own these tensors.
+    std::vector<const at::Tensor*> ts(B);
+    std::vector<at::Tensor> made;
+    if (numpy) {
+      made.reserve(B);
+      for (size_t i = 0; i < B; ++i) {
+        if (!PyObject_TypeCheck(samples[i], types().ndarray)) return defer(node, samples, parent);
+        try {
+          made.push_back(torch::utils::tensor_from_numpy(samples[i], /*warn_if_not_writeable=*/false));
+        } catch (const std::exception&) {
+          PyErr_Clear();
+          return defer(node, samples, parent);  // the reference raises torch.as_tensor's error
+        }
+        ts[i] = &made.back();
+      }
+    } else {
+      for (size_t i = 0; i < B; ++i) {
+        if (!THPVariable_CheckExact(samples[i])) return defer(node, samples, parent);
+        ts[i] = &THPVariable_Unpack(samples[i]);
+      }
+    }
+    const at::Tensor& t0 = *ts[0];
+    if (!plain(t0)) return defer(node, samples, parent);
+    // Equal dispatch keys mean the same device, layout, and conj/neg/zero bits as sample 0.
+    const c10::DispatchKeySet keys0 = t0.key_set();
+    const caffe2::TypeMeta dtype0 = t0.dtype();
+    const c10::IntArrayRef sizes = t0.sizes();
+    const size_t per = static_cast<size_t>(t0.numel()) * t0.element_size();
+    const bool bits = t0.is_conj() || t0.is_neg();
+    const size_t offset = plan_.reserve(per * B);
+    // One pass checks each sample and records its piece; a sample that does not fit rolls the
+    // leaf back and defers it, so large batches touch each tensor's metadata once.
+    const size_t pieces0 = plan_.pieces.size(), objects0 = plan_.keep_objects.size();
+    const size_t alive0 = plan_.keep_alive.size(), conv0 = plan_.conversions.size();
+    plan_.pieces.reserve(pieces0 + B);
+    if (!numpy) plan_.keep_objects.reserve(objects0 + B);
+    for (size_t i = 0; i < B; ++i) {
+      const at::Tensor& t = *ts[i];
+      // another dtype means type promotion (and, in a worker, casting rules): torch decides
+      if (i > 0 && (t.dtype() != dtype0 || t.key_set() != keys0 || t.sizes() != sizes || t.requires_grad())) {
+        plan_.pieces.resize(pieces0);
+        plan_.keep_objects.resize(objects0);
+        plan_.keep_alive.resize(alive0);
+        plan_.conversions.resize(conv0);
+        plan_.nbytes = offset;  // give the reserved bytes back (alignment slack may stay)
+        return defer(node, samples, parent);
+      }
+      if (per == 0) continue;
+      const size_t dst = offset + i * per;
+      if (!bits && t.is_contiguous()) {
+        plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, per});
+        if (numpy) plan_.keep_alive.push_back(t);
+        else plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
+      } else {
+        plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst});
+      }
+    }
+    node.kind = NodeKind::Tensor;
+    node.dtype = t0.scalar_type();
+    node.sizes.reserve(sizes.size() + 1);
+    node.sizes.push_back(static_cast<int64_t>(B));
+    node.sizes.insert(node.sizes.end(), sizes.begin(), sizes.end());
+    node.nbytes = per * B;
+    node.offset = offset;
+    ++plan_.tensor_leaves;
+  }
+
+  void numpy_leaf(Node& node, Samples samples, Parent parent) {
+    // default_collate refuses str/bytes/object arrays by sample 0's dtype string.
+    py::object dstr = py::reinterpret_borrow<py::object>(samples[0]).attr("dtype").attr("str");
+    const std::string s = dstr.cast<std::string>();
+    if (s.find_first_of("SaUO") != std::string::npos) return defer(node, samples, parent);
+    tensor_leaf(node, samples, parent, /*numpy=*/true);
+  }
+
+  // A 1-D leaf of one scalar per sample, written into the plan's scalar buffer.
+  uint8_t* scalar_leaf(Node& node, at::ScalarType dtype, size_t B) {
+    const size_t item = c10::elementSize(dtype);
+    node.kind = NodeKind::Tensor;
+    node.dtype = dtype;
+    node.sizes = {static_cast<int64_t>(B)};
+    node.nbytes = item * B;
+    node.offset = plan_.reserve(node.nbytes);
+    ++plan_.tensor_leaves;
+    const size_t at = plan_.scalars.size();
+    plan_.scalars.resize(at + node.nbytes);
+    plan_.scalar_pieces.push_back({at, node.offset, node.nbytes});
+    return plan_.scalars.data() + at;
+  }
+
+  void numpy_scalar_leaf(Node& node, Samples samples, Parent parent) {
+    PyTypeObject* type = Py_TYPE(samples[0]);
+    auto it = types().np_scalar_dtype.find(type);
+    if (it == types().np_scalar_dtype.end()) return defer(node, samples, parent);
+    for (PyObject* s : samples) {
+      if (Py_TYPE(s) != type) return defer(node, samples, parent);  // mixed: torch.as_tensor promotes
+    }
+    const size_t item = c10::elementSize(it->second);
+    uint8_t* out = scalar_leaf(node, it->second, samples.size());
+    for (PyObject* s : samples) {
+      Py_buffer view;
+      if (PyObject_GetBuffer(s, &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+      const bool ok = static_cast<size_t>(view.len) == item;
+      if (ok) std::memcpy(out, view.buf, item);
+      PyBuffer_Release(&view);
+      if (!ok) throw std::runtime_error("fastcollate: numpy scalar buffer of unexpected size");
+      out += item;
+    }
+  }
+
+  void float_leaf(Node& node, Samples samples, Parent parent) {
+    for (PyObject* s : samples) {
+      if (!PyFloat_CheckExact(s)) return defer(node, samples, parent);
+    }
+    double* out = reinterpret_cast<double*>(scalar_leaf(node, at::kDouble, samples.size()));
+    for (PyObject* s : samples) {
+      const double v = PyFloat_AS_DOUBLE(s);
+      std::memcpy(out++, &v, sizeof v);
+    }
+  }
+
+  void int_leaf(Node& node, Samples samples, Parent parent) {
+    bool all_bool = true;
+    for (PyObject* s : samples) {
+      const bool b = PyBool_Check(s);
+      if (!b && !PyLong_CheckExact(s)) return defer(node, samples, parent);  // IntEnum, floats...
+      all_bool = all_bool && b;
+    }
+    if (all_bool) {
+      uint8_t* out = scalar_leaf(node, at::kBool, samples.size());
+      for (PyObject* s : samples) *out++ = (s == Py_True) ? 1 : 0;
+      return;
+    }
+    std::vector<int64_t> values(samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      int overflow = 0;
+      values[i] = PyLong_AsLongLongAndOverflow(samples[i], &overflow);
+      if (overflow != 0) return defer(node, samples, parent);  // torch raises; the reference says where
+    }
+    uint8_t* out = scalar_leaf(node, at::kLong, samples.size());
+    std::memcpy(out, values.data(), values.size() * sizeof(int64_t));
+  }
+
+  void mapping(Node& node, Samples samples, Parent parent, int depth) {
+    PyObject* e = samples[0];
+    node.elem = py::reinterpret_borrow<py::object>(e);
+    if (PyDict_CheckExact(e)) {
+      node.kind = NodeKind::Dict;
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(e, &pos, &key, &value)) node.keys.push_back(py::reinterpret_borrow<py::object>(key));
+    } else {
+      node.kind = isinstance(e, types().mutable_mapping) ? NodeKind::MappingCopy : NodeKind::MappingConstruct;
+      for (py::handle key : py::reinterpret_borrow<py::iterable>(e)) node.keys.push_back(py::reinterpret_borrow<py::object>(key));
+    }
+    const size_t B = samples.size();
+    const size_t K = node.keys.size();
+    std::vector<PyObject*> table(K * B);  // column k is table[k*B .. k*B + B)
+    std::vector<py::object> owned;        // values a non-dict __getitem__ returned as new references
+    for (size_t i = 0; i < B; ++i) {
+      PyObject* d = samples[i];
+      // Samples built by the same code hold the same key objects in the same order: one pass
+      // over the dict replaces K hash lookups.
+      if (PyDict_CheckExact(d) && static_cast<size_t>(PyDict_GET_SIZE(d)) == K) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        size_t k = 0;
+        while (k < K && PyDict_Next(d, &pos, &key, &value) && same_key(key, node.keys[k].ptr())) table[k++ * B + i] = value;
+        if (k == K) continue;
+      }
+      for (size_t k = 0; k < K; ++k) {
+        PyObject* v;
+        if (PyDict_CheckExact(d)) {
+          v = PyDict_GetItemWithError(d, node.keys[k].ptr());
+          if (v == nullptr && PyErr_Occurred()) throw py::error_already_set();
+        } else {
+          v = PyObject_GetItem(d, node.keys[k].ptr());
+          if (v != nullptr) owned.push_back(py::reinterpret_steal<py::object>(v));
+          else PyErr_Clear();
+        }
+        if (v == nullptr) return defer(node, samples, parent);  // the reference names the missing key
+        table[k * B + i] = v;
+      }
+    }
+    node.children.resize(K);
+    for (size_t k = 0; k < K; ++k) {
+      path_.push_back(node.keys[k]);
+      walk(node.children[k], Samples{table.data() + k * B, B}, Parent::Mapping, depth + 1);
+      path_.pop_back();
+    }
+  }
+
+  // Every sample as a list/tuple of its items (zip(*batch) iterates them the same way).
+  bool items_of(Samples samples, std::vector<py::object>& fast) {
+    fast.reserve(samples.size());
+    for (PyObject* s : samples) {
+      PyObject* f = PySequence_Fast(s, "");
+      if (f == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      fast.push_back(py::reinterpret_steal<py::object>(f));
+    }
+    return true;
+  }
+
+  void columns(Node& node, const std::vector<py::object>& fast, size_t width, int depth) {
+    const size_t B = fast.size();
+    std::vector<PyObject*> column(B);
+    node.children.resize(width);
+    for (size_t j = 0; j < width; ++j) {
+      for (size_t i = 0; i < B; ++i) column[i] = PySequence_Fast_GET_ITEM(fast[i].ptr(), j);
+      path_.push_back(py::int_(j));
+      walk(node.children[j], Samples{column.data(), B}, Parent::Sequence, depth + 1);
+      path_.pop_back();
+    }
+  }
+
+  void named_tuple(Node& node, Samples samples, Parent parent, int depth) {
+    std::vector<py::object> fast;
+    if (!items_of(samples, fast)) return defer(node, samples, parent);
+    size_t width = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast[0].ptr()));
+    for (const auto& f : fast) width = std::min(width, static_cast<size_t>(PySequence_Fast_GET_SIZE(f.ptr())));  // zip stops at the shortest
+    node.kind = NodeKind::NamedTuple;
+    node.elem = py::reinterpret_borrow<py::object>(samples[0]);
+    columns(node, fast, width, depth);
+  }
+
+  void sequence(Node& node, Samples samples, Parent parent, int depth) {
+    PyObject* e = samples[0];
+    const Py_ssize_t width = PyObject_Length(e);
+    if (width < 0) {
+      PyErr_Clear();
+      return defer(node, samples, parent);
+    }
+    for (PyObject* s : samples) {
+      const Py_ssize_t n = PyObject_Length(s);
+      if (n != width) {
+        if (n < 0) PyErr_Clear();
+        return defer(node, samples, parent);  // the reference raises the length RuntimeError
+      }
+    }
+    std::vector<py::object> fast;
+    if (!items_of(samples, fast)) return defer(node, samples, parent);
+    for (const auto& f : fast) {
+      if (PySequence_Fast_GET_SIZE(f.ptr()) != width) return defer(node, samples, parent);
+    }
+    if (PyTuple_Check(e) || PyList_CheckExact(e)) {
+      node.kind = NodeKind::List;
+    } else {
+      node.kind = isinstance(e, types().mutable_sequence) ? NodeKind::SeqCopy : NodeKind::SeqConstruct;
+    }
+    node.elem = py::reinterpret_borrow<py::object>(e);
+    columns(node, fast, static_cast<size_t>(width), depth);
+  }
+
+  Plan& plan_;
+  py::handle batch_;
+  py::handle defer_fn_;
+  std::vector<py::object> path_;
+};
+
+}  // namespace
+
+Plan build_plan(py::handle batch, py::handle defer_fn) {
+  Plan plan;
+  Walker walker(plan, batch, defer_fn);
+  py::object fast;
+  // only real sequences: PySequence_Fast would silently drain a generator default_collate rejects
+  if (PySequence_Check(batch.ptr())) {
+    PyObject* f = PySequence_Fast(batch.ptr(), "");
+    if (f == nullptr) PyErr_Clear();
+    else fast = py::reinterpret_steal<py::object>(f);
+  }
+  if (fast && PySequence_Fast_GET_SIZE(fast.ptr()) > 0) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+    walker.walk(plan.root, Samples{PySequence_Fast_ITEMS(fast.ptr()), static_cast<size_t>(n)}, Parent::Top, 0);
+  } else {
+    // empty or not a sequence: the reference raises default_collate's error, better worded
+    plan.root.kind = NodeKind::Object;
+    plan.root.obj = py::reinterpret_borrow<py::object>(defer_fn)(batch, py::tuple());
+  }
+  for (const ScalarPiece& s : plan.scalar_pieces) {
+    plan.pieces.push_back({plan.scalars.data() + s.src_offset, s.dst_offset, s.nbytes});
+  }
+  return plan;
+}
+
+}  // namespace fastcollate

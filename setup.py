@@ -1,0 +1,82 @@
+"""Build fastcollate._C with torch.utils.cpp_extension (ninja).
+
+Switches are read once, here, and the decision is printed:
+  FASTCOLLATE_NO_CUDA=1     never build the CUDA kernels
+  FASTCOLLATE_FORCE_CUDA=1  build them even when torch reports no GPU (needs a CUDA torch + nvcc)
+  MAX_JOBS, TORCH_CUDA_ARCH_LIST are honoured by torch's BuildExtension itself.
+Install with: pip install --no-build-isolation -e .
+"""
+import glob
+import os
+import shutil
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+except ImportError as exc:  # torch is deliberately not a build requirement (it would pull a CUDA build)
+    raise SystemExit(
+        "fastcollate: torch must be installed before building; "
+        "use `pip install --no-build-isolation -e .`"
+    ) from exc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+NO_CUDA = _flag("FASTCOLLATE_NO_CUDA")
+FORCE_CUDA = _flag("FASTCOLLATE_FORCE_CUDA")
+DEBUG = _flag("FASTCOLLATE_DEBUG")
+CPP_SOURCES = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+CU_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+
+
+def _cuda_decision():
+    if NO_CUDA:
+        return False, "FASTCOLLATE_NO_CUDA is set"
+    if not CU_SOURCES:
+        return False, "no CUDA sources in csrc/cuda"
+    if torch.version.cuda is None:
+        return False, f"torch {torch.__version__} is a CPU build"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None and shutil.which("nvcc") is None:
+        return False, "nvcc not found (set CUDA_HOME)"
+    if torch.cuda.is_available():
+        return True, "torch has CUDA and a GPU is visible"
+    if FORCE_CUDA:
+        return True, "FASTCOLLATE_FORCE_CUDA is set"
+    return True, "torch has CUDA and nvcc is present (no GPU visible; kernels built anyway)"
+
+
+WITH_CUDA, WHY = _cuda_decision()
+print(f"fastcollate build: {'CPU+CUDA' if WITH_CUDA else 'CPU only'} ({WHY}); "
+      f"MAX_JOBS={os.environ.get('MAX_JOBS', 'auto')}, "
+      f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', 'auto')}")
+
+opt = ["-O0", "-g"] if DEBUG else ["-O3"]
+cxx_flags = opt + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+define_macros = [("FASTCOLLATE_WITH_CUDA", "1" if WITH_CUDA else "0")]
+
+if WITH_CUDA:
+    ext = CUDAExtension(
+        "fastcollate._C",
+        CPP_SOURCES + CU_SOURCES,
+        include_dirs=[os.path.join(HERE, "csrc")],
+        define_macros=define_macros,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": opt + ["--expt-relaxed-constexpr"]},
+    )
+else:
+    ext = CppExtension(
+        "fastcollate._C",
+        CPP_SOURCES,
+        include_dirs=[os.path.join(HERE, "csrc")],
+        define_macros=define_macros,
+        extra_compile_args={"cxx": cxx_flags},
+    )
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})

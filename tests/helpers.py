@@ -1,0 +1,48 @@
+"""Exact comparison of collate outputs: same container types, same tensor dtype/shape and the
+same bytes (so NaN payloads and -0.0 count)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = True) -> None:
+    """contiguous: also require every tensor of `got` to be contiguous (fastcollate promises it;
+    default_collate keeps e.g. channels_last strides)."""
+    assert type(got) is type(want), f"{where}: type {type(got)} != {type(want)}"
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
+        assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+        assert got.device == want.device, f"{where}: device {got.device} != {want.device}"
+        assert not contiguous or got.is_contiguous(), f"{where}: not contiguous"
+        assert got.requires_grad == want.requires_grad, f"{where}: requires_grad differs"
+        assert tensor_bytes(got) == tensor_bytes(want), f"{where}: values differ"
+    elif isinstance(want, dict) or hasattr(want, "keys") and hasattr(want, "items"):
+        assert list(got.keys()) == list(want.keys()), f"{where}: keys {list(got.keys())} != {list(want.keys())}"
+        for k in want.keys():
+            assert_same(got[k], want[k], f"{where}[{k!r}]", contiguous)
+        if isinstance(want, dict) and hasattr(want, "__dict__"):
+            assert vars(got) == vars(want), f"{where}: attributes differ"
+    elif isinstance(want, (list, tuple)) or (hasattr(want, "__len__") and hasattr(want, "__getitem__")
+                                             and not isinstance(want, (str, bytes))):
+        assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]", contiguous)
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return [t for v in obj.values() for t in tensor_leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensor_leaves(v)]
+    return []
