@@ -64,7 +64,8 @@ def _summary(batch: Any, limit: int = 300) -> str:
         if len(parts) > 24:
             return
         if isinstance(x, torch.Tensor):
-            parts.append(f"{where}: {x.dtype} {list(x.shape)}")
+            shape = "nested" if x.is_nested else list(x.shape)
+            parts.append(f"{where}: {x.dtype} {shape}")
         elif hasattr(x, "dtype") and hasattr(x, "shape"):
             parts.append(f"{where}: {x.dtype} {list(x.shape)}")
         elif isinstance(x, dict):
@@ -76,7 +77,10 @@ def _summary(batch: Any, limit: int = 300) -> str:
         else:
             parts.append(f"{where}: {type(x).__name__}")
 
-    visit(first, "sample0")
+    try:
+        visit(first, "sample0")
+    except Exception:  # the summary must never replace the error it describes
+        parts.append("...")
     text = ", ".join(parts)
     return f"{n} samples; {text[:limit]}{'...' if len(text) > limit else ''}"
 

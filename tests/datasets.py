@@ -1,0 +1,23 @@
+"""Small deterministic datasets for the loader tests (importable by spawned workers)."""
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class Mixed(Dataset):
+    def __init__(self, n=40):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {
+            "image": torch.randint(0, 255, (3, 16, 16), dtype=torch.uint8, generator=g),
+            "feat": np.full((4,), i, dtype=np.float32),
+            "label": i,
+            "weight": float(i) / 3,
+            "name": f"s{i}",
+            "pair": (torch.randn(2, generator=g), np.int16(i)),
+        }

@@ -1,0 +1,95 @@
+"""Every input default_collate rejects: the same exception class, and a message that names the
+key path, the sample and what differed."""
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import fastcollate
+from fastcollate import reference
+
+IMPLS = {"cpp": fastcollate.Collator(backend="cpp"), "python": fastcollate.Collator(backend="python")}
+
+CASES = {
+    "empty": ([], IndexError, ["empty batch"]),
+    "shape": ([{"image": torch.zeros(3, 224, 224)}] * 17 + [{"image": torch.zeros(3, 200, 224)}], RuntimeError,
+              ["batch['image']", "sample 17", "[3, 200, 224]", "[3, 224, 224]"]),
+    "shape-nested": ([[torch.zeros(2), (torch.zeros(1),)], [torch.zeros(2), (torch.zeros(3),)]], RuntimeError,
+                     ["batch[1][0]", "sample 1", "[3]", "[1]"]),
+    "not-a-tensor": ([{"x": torch.zeros(2)}, {"x": 3}], TypeError, ["batch['x']", "sample 1", "int", "Tensor"]),
+    "unsupported": ([{"o": object()}, {"o": object()}], TypeError, ["batch['o']", "object"]),
+    "unsupported-top": ([None, None], TypeError, ["batch", "NoneType"]),
+    "str-numpy": ([{"a": np.array(["x"])}, {"a": np.array(["y"])}], TypeError, ["batch['a']", "<U1"]),
+    "object-numpy": ([np.array([object()])] * 2, TypeError, ["batch", "object"]),
+    "object-numpy-later": ([np.zeros(2), np.array([None, None])], TypeError, ["sample 1"]),
+    "negative-strides": ([np.arange(3)[::-1].copy(), np.arange(3)[::-1]], ValueError, ["sample 1"]),
+    "missing-key": ([{"a": 1, "b": 2}, {"a": 1}], KeyError, ["sample 1", "'b'", "['a', 'b']"]),
+    "not-a-mapping": ([{"a": 1}, [1]], TypeError, ["sample 1", "list"]),
+    "lengths": ([{"s": [1, 2]}, {"s": [1, 2]}, {"s": [1, 2, 3]}], RuntimeError,
+                ["batch['s']", "sample 2", "length 3", "length 2"]),
+    "not-sized": ([[1, 2], 5], TypeError, ["sample 1", "int"]),
+    "int-overflow": ([{"n": 1}, {"n": 2**64}], type(None), ["batch['n']", "sample 1", "int64"]),
+    "float-then-str": ([1.0, "a"], TypeError, ["sample 1", "str"]),
+    "nested-tensor": ([torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])] * 2, RuntimeError,
+                      ["nested"]),
+    "sparse-tensor": ([torch.zeros(3).to_sparse()] * 2, RuntimeError, ["sparse"]),
+    "generator": ((x for x in [torch.zeros(1)]), TypeError, ["generator"]),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rejected_like_default_collate(name, impl):
+    batch, _, needles = CASES[name]
+    with pytest.raises(Exception) as theirs:
+        default_collate(batch() if callable(batch) else batch)
+    if name == "generator":
+        batch = (x for x in [torch.zeros(1)])
+    with pytest.raises(theirs.type) as ours:
+        IMPLS[impl](batch)
+    assert type(ours.value) is theirs.type
+    msg = str(ours.value)
+    assert msg.startswith("fastcollate: ") or msg.startswith("\"fastcollate: "), msg
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+
+
+def test_errors_are_counted_and_logged(caplog):
+    fastcollate.reset_stats()
+    with caplog.at_level("ERROR", logger="fastcollate"):
+        with pytest.raises(RuntimeError):
+            fastcollate.collate([{"image": torch.zeros(3, 4)}, {"image": torch.zeros(3, 5)}])
+    assert fastcollate.stats()["errors"] == {"RuntimeError": 1}
+    record = caplog.records[-1]
+    assert "batch['image']" in record.getMessage()
+    assert "2 samples" in record.getMessage() and "[3, 4]" in record.getMessage()
+
+
+def test_original_error_is_kept_as_cause():
+    with pytest.raises(ValueError) as info:
+        fastcollate.collate([1, 2**64])
+    assert info.value.__cause__ is not None
+
+
+def test_nothing_is_allocated_for_a_rejected_batch():
+    s0 = fastcollate.stats()
+    with pytest.raises(RuntimeError):
+        fastcollate.collate([{"a": torch.zeros(1000), "b": torch.zeros(2)}, {"a": torch.zeros(1000), "b": torch.zeros(3)}])
+    s1 = fastcollate.stats()
+    assert s1["arenas_allocated"] + s1["arenas_reused"] + s1["arenas_unpooled"] == \
+        s0["arenas_allocated"] + s0["arenas_reused"] + s0["arenas_unpooled"]
+    assert s1["arenas_in_use"] == s0["arenas_in_use"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="num_threads"):
+        fastcollate.Collator(num_threads=0)
+    with pytest.raises(ValueError, match="pin_memory"):
+        fastcollate.Collator(pin_memory="yes")
+    with pytest.raises(ValueError, match="backend"):
+        fastcollate.Collator(backend="gpu")
+
+
+def test_reference_path_formatting():
+    assert reference.format_path(()) == "batch"
+    assert reference.format_path(("image", 1, 0)) == "batch['image'][1][0]"
