@@ -1,0 +1,79 @@
+"""The collate benchmark: fastcollate vs default_collate vs a memcpy ceiling, side by side.
+
+Each round times the three in turn (interleaved, so machine noise hits all of them), holding
+the previous batch alive as a training loop does; the table reports medians over rounds.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.data import default_collate
+
+from . import workloads
+from .collate import Collator
+
+
+def _time_per_call(fn: Callable[[], Any], min_time: float) -> float:
+    """Seconds per call: repeat fn until min_time has passed (at least 3 calls)."""
+    held = fn()  # warm (and keep one result alive, like the loop's previous batch)
+    calls, start = 0, time.perf_counter()
+    while True:
+        out = fn()
+        held = out
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if calls >= 3 and elapsed >= min_time:
+            del held, out
+            return elapsed / calls
+
+
+def measure(name: str, rounds: int = 5, min_time: float = 0.2, collator: Collator | None = None) -> dict[str, Any]:
+    label, make = workloads.WORKLOADS[name]
+    batch = make()
+    fast = collator or Collator()
+    nbytes = sum(workloads.tensor_bytes(s) for s in batch)
+    src = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
+    dst = torch.empty(nbytes, dtype=torch.uint8)
+    t_default, t_fast, t_ceiling = [], [], []
+    for _ in range(rounds):
+        t_default.append(_time_per_call(lambda: default_collate(batch), min_time))
+        t_fast.append(_time_per_call(lambda: fast(batch), min_time))
+        t_ceiling.append(_time_per_call(lambda: dst.copy_(src), min_time))
+    d, f, c = (statistics.median(x) for x in (t_default, t_fast, t_ceiling))
+    return {
+        "workload": name,
+        "description": label,
+        "batch_bytes": nbytes,
+        "default_ms": d * 1e3,
+        "fastcollate_ms": f * 1e3,
+        "memcpy_ms": c * 1e3,
+        "speedup": d / f,
+        "of_memcpy": c / f,
+        "rounds": rounds,
+    }
+
+
+def run(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
+        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    names = list(names or workloads.WORKLOADS)
+    rows = []
+    for i, name in enumerate(names):
+        if progress:
+            progress(f"[{i + 1}/{len(names)}] {name}")
+        rows.append(measure(name, rounds=rounds, min_time=min_time))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = f"| {'workload':<46} | {'MB':>6} | {'default_collate':>15} | {'fastcollate':>11} | {'speedup':>7} | {'of memcpy':>9} |"
+    sep = "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"
+    lines = [head, sep]
+    for r in rows:
+        lines.append(
+            f"| {r['description']:<46} | {r['batch_bytes'] / 1e6:6.2f} | {r['default_ms']:12.3f} ms | "
+            f"{r['fastcollate_ms']:8.3f} ms | {r['speedup']:6.2f}x | {100 * r['of_memcpy']:8.0f}% |"
+        )
+    return "\n".join(lines)

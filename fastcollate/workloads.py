@@ -1,0 +1,77 @@
+"""Embedded synthetic workloads for the benchmarks: the shapes of real pipelines, no files."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+SMALL_KEYS = tuple(f"feat{k}" for k in range(12))
+FLOAT_KEYS = ("score", "weight", "ratio", "scale")
+
+
+def images_u8(n: int = 256) -> list[dict[str, Any]]:
+    g = torch.Generator().manual_seed(0)
+    return [{"image": torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8, generator=g), "label": i % 1000}
+            for i in range(n)]
+
+
+def images_f32(n: int = 128) -> list[tuple[torch.Tensor, int]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(3, 224, 224, generator=g), i % 1000) for i in range(n)]
+
+
+def small_fields(n: int = 1024) -> list[dict[str, Any]]:
+    """12 small tensors + 4 floats + an int + a str per sample (tabular / recsys style)."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for i in range(n):
+        s: dict[str, Any] = {k: torch.randn(8, generator=g) for k in SMALL_KEYS}
+        s.update({k: float(i) / (j + 1) for j, k in enumerate(FLOAT_KEYS)})
+        s["label"] = i % 7
+        s["id"] = f"row-{i}"
+        out.append(s)
+    return out
+
+
+def numpy_samples(n: int = 256) -> list[tuple[np.ndarray, np.int64]]:
+    rng = np.random.default_rng(3)
+    return [(rng.standard_normal((3, 64, 64), dtype=np.float32), np.int64(i)) for i in range(n)]
+
+
+def nested(n: int = 256) -> list[dict[str, Any]]:
+    g = torch.Generator().manual_seed(4)
+    return [{"a": {"b": [torch.randn(16, generator=g), torch.randn(16, generator=g)], "c": (i, float(i))},
+             "d": [{"e": torch.randn(4, 4, generator=g), "f": "x"}], "g": torch.randint(0, 9, (32,), generator=g)}
+            for i in range(n)]
+
+
+def tiny(n: int = 4) -> list[dict[str, Any]]:
+    return images_u8(n)
+
+
+WORKLOADS: dict[str, tuple[str, Callable[[], list]]] = {
+    "images_u8": ("256 x {uint8 3x224x224, int}", images_u8),
+    "images_f32": ("128 x (float32 3x224x224, int)", images_f32),
+    "small_fields": ("1024 x (12 small tensors, 4 floats, int, str)", small_fields),
+    "numpy": ("256 x (numpy float32 3x64x64, np.int64)", numpy_samples),
+    "nested": ("256 x nested dicts/lists", nested),
+    "tiny": ("4 x {uint8 3x224x224, int}", tiny),
+}
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of tensor/array data in a batch (for the memcpy ceiling)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, np.generic):
+        return obj.itemsize
+    if isinstance(obj, (bool, int, float)):
+        return 8
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
