@@ -33,6 +33,7 @@ FORCE_CUDA = _flag("FASTCOLLATE_FORCE_CUDA")
 DEBUG = _flag("FASTCOLLATE_DEBUG")
 CPP_SOURCES = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
 CU_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+CUDA_CPP_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))  # torch-side wrappers of the kernels
 
 
 def _cuda_decision():
@@ -65,7 +66,7 @@ define_macros = [("FASTCOLLATE_WITH_CUDA", "1" if WITH_CUDA else "0")]
 if WITH_CUDA:
     ext = CUDAExtension(
         "fastcollate._C",
-        CPP_SOURCES + CU_SOURCES,
+        CPP_SOURCES + CUDA_CPP_SOURCES + CU_SOURCES,
         include_dirs=[os.path.join(HERE, "csrc")],
         define_macros=define_macros,
         extra_compile_args={"cxx": cxx_flags, "nvcc": opt + ["--expt-relaxed-constexpr"]},

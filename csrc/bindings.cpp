@@ -83,6 +83,11 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
 }
 
 }  // namespace
+
+#if FASTCOLLATE_WITH_CUDA
+void register_cuda_ops(pybind11::module_& m);
+#endif
+
 }  // namespace fastcollate
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -98,5 +103,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("copy_bytes", &fc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("num_threads"), py::arg("piece_bytes"));
   m.def("hardware_threads", &fc::hardware_threads);
   m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
+#if FASTCOLLATE_WITH_CUDA
+  fc::register_cuda_ops(m);
+#endif
   m.attr("align") = fc::kLeafAlign;
 }

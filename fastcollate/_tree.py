@@ -1,0 +1,49 @@
+"""Leaves of a collated batch and rebuilding it with new leaves, keeping its container types."""
+from __future__ import annotations
+
+import collections.abc
+import copy
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, collections.abc.Mapping):
+        for v in obj.values():
+            yield from iter_tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from iter_tensors(v)
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """obj with every tensor leaf t replaced by fn(t); str, numbers and other leaves untouched."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, collections.abc.Mapping):
+        values = {k: map_tensors(v, fn) for k, v in obj.items()}
+        if type(obj) is dict:
+            return values
+        try:
+            if isinstance(obj, collections.abc.MutableMapping):
+                clone = copy.copy(obj)
+                clone.update(values)
+                return clone
+            return type(obj)(values)
+        except TypeError:
+            return values
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, list):
+        out = [map_tensors(v, fn) for v in obj]
+        if type(obj) is list:
+            return out
+        clone = copy.copy(obj)
+        clone[:] = out
+        return clone
+    if isinstance(obj, tuple):
+        return type(obj)(map_tensors(v, fn) for v in obj) if type(obj) is tuple else tuple(map_tensors(v, fn) for v in obj)
+    return obj

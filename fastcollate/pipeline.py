@@ -1,0 +1,126 @@
+"""A background-thread prefetch pipeline: one thread pulls items from a source, runs a stage on
+each, and hands results through a bounded queue, in order. Knows nothing about devices, so the
+CPU tests exercise exactly the code the GPU path runs.
+
+Lifecycle: every item, then StopIteration (every time after, too). An exception in the source
+or the stage is re-raised in the consumer with its type and traceback. Breaking out of the loop,
+close() and garbage collection stop the thread and join it; the thread notices a stop between
+items, so the bound is one item's fetch.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable
+
+_ITEM, _DONE, _ERROR = 0, 1, 2
+
+
+class PipelineStats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items = 0
+        self.wait_s = 0.0
+        self.high_water = 0
+        self.epochs = 0
+
+
+def _produce(source: Iterable, stage: Callable[[Any], Any], q: "queue.Queue", stop: threading.Event,
+             stats: PipelineStats, on_start: Callable[[], None] | None) -> None:
+    it = None
+    try:
+        if on_start is not None:
+            on_start()
+        it = iter(source)
+        while not stop.is_set():
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            out = stage(item)
+            while not stop.is_set():
+                try:
+                    q.put((_ITEM, out), timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            with stats.lock:
+                stats.high_water = max(stats.high_water, q.qsize())
+        message = (_DONE, None)
+    except BaseException as exc:  # delivered to the consumer, never swallowed
+        message = (_ERROR, exc)
+    finally:
+        del it  # a DataLoader iterator shuts its workers down when dropped
+    while not stop.is_set():
+        try:
+            q.put(message, timeout=0.05)
+            return
+        except queue.Full:
+            continue
+
+
+def _shutdown(q: "queue.Queue", stop: threading.Event, thread: threading.Thread, timeout: float) -> None:
+    stop.set()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        try:  # make room so a blocked put() returns and sees the stop
+            while True:
+                q.get_nowait()
+        except queue.Empty:
+            pass
+        if thread is threading.current_thread():
+            return
+        thread.join(timeout=0.05)
+
+
+class Epoch:
+    """One pass over the source; an iterator. Not restartable: make a new one per epoch."""
+
+    def __init__(self, source: Iterable, stage: Callable[[Any], Any], depth: int, stats: PipelineStats,
+                 *, name: str = "fastcollate-prefetch", on_start: Callable[[], None] | None = None,
+                 join_timeout: float = 10.0) -> None:
+        if depth < 1:
+            raise ValueError(f"fastcollate: depth must be >= 1, got {depth}")
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._stats = stats
+        self._done = False
+        # the thread must not reference self, or an abandoned epoch could never be collected
+        self._thread = threading.Thread(target=_produce, args=(source, stage, self._q, self._stop, stats, on_start),
+                                        name=name, daemon=True)
+        self._finalizer = weakref.finalize(self, _shutdown, self._q, self._stop, self._thread, join_timeout)
+        with stats.lock:
+            stats.epochs += 1
+        self._thread.start()
+
+    def __iter__(self) -> "Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        kind, payload = self._q.get()
+        waited = time.perf_counter() - t0
+        with self._stats.lock:
+            self._stats.wait_s += waited
+        if kind == _ITEM:
+            with self._stats.lock:
+                self._stats.items += 1
+            return payload
+        self._done = True
+        self.close()
+        if kind == _ERROR:
+            raise payload
+        raise StopIteration
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop the thread and join it (bounded by one item's fetch)."""
+        self._done = True
+        self._finalizer()

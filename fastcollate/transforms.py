@@ -1,0 +1,98 @@
+"""Batch transforms that run where the batch is: on the prefetcher's side stream on the GPU, or
+on the CPU. Normalize fuses uint8 -> float, (x / scale - mean) / std and channels_last into one
+CUDA kernel when the extension was built with CUDA; the torch path computes the same values
+(same fp32 operations in the same order) everywhere else."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from . import _ext
+
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class Normalize:
+    """``(x / scale - mean[c]) / std[c]`` for uint8 image leaves, cast to ``dtype``.
+
+    Args:
+        mean, std: one value per channel (in units of ``x / scale``).
+        dtype: float32, float16 or bfloat16 output.
+        keys: which leaves of the batch: dict keys, or indices for tuple/list batches.
+        channels_last: return NHWC-strided (``torch.channels_last``) 4-D tensors.
+        scale: divides the raw uint8 values first (255 maps them to [0, 1]).
+
+    Shipping uint8 and normalizing on the GPU moves 4x fewer bytes over PCIe than float32.
+
+    >>> import torch
+    >>> norm = Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25], keys=["image"])
+    >>> out = norm({"image": torch.full((1, 3, 2, 2), 255, dtype=torch.uint8), "label": torch.tensor([0])})
+    >>> out["image"][0, 0, 0, 0].item()
+    2.0
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype = torch.float32,
+                 keys: Sequence[Any] = ("image",), channels_last: bool = False, scale: float = 255.0) -> None:
+        self.mean = [float(m) for m in mean]
+        self.std = [float(s) for s in std]
+        if len(self.mean) != len(self.std) or not self.mean:
+            raise ValueError(f"Normalize: mean and std need one value per channel, got {len(self.mean)} and {len(self.std)}")
+        if any(s == 0 for s in self.std):
+            raise ValueError("Normalize: std must not contain 0")
+        if dtype not in _OUT_DTYPES:
+            raise ValueError(f"Normalize: dtype must be one of float32, float16, bfloat16; got {dtype}")
+        if scale == 0:
+            raise ValueError("Normalize: scale must not be 0")
+        self.dtype = dtype
+        self.keys = list(keys)
+        self.channels_last = bool(channels_last)
+        self.scale = float(scale)
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __repr__(self) -> str:
+        return (f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype}, keys={self.keys}, "
+                f"channels_last={self.channels_last}, scale={self.scale})")
+
+    def __call__(self, batch: Any) -> Any:
+        for key in self.keys:
+            try:
+                x = batch[key]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise type(exc)(f"Normalize: the batch has no leaf {key!r} ({type(batch).__name__})") from exc
+            batch[key] = self.apply(x, key)
+        return batch
+
+    def apply(self, x: torch.Tensor, key: Any = "input") -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"Normalize: batch[{key!r}] must be a uint8 tensor, got {type(x).__name__}")
+        if x.dtype != torch.uint8:
+            raise TypeError(f"Normalize: batch[{key!r}] must be uint8 (raw pixels), got {x.dtype}; "
+                            "normalize float images with torch ops instead")
+        if x.dim() not in (3, 4):
+            raise ValueError(f"Normalize: batch[{key!r}] must be [N, C, H, W] or [C, H, W], got shape {list(x.shape)}")
+        c = x.shape[-3]
+        if c != len(self.mean):
+            raise ValueError(f"Normalize: batch[{key!r}] has {c} channels, mean/std have {len(self.mean)}")
+        if self.channels_last and x.dim() != 4:
+            raise ValueError(f"Normalize: channels_last needs 4-D [N, C, H, W] input, batch[{key!r}] is {list(x.shape)}")
+        if x.is_cuda and x.dim() == 4 and _ext.cuda_kernels_built() and c <= 16:
+            return _ext._C.normalize_u8_cuda(x, self.mean, self.std, self.scale, self.dtype, self.channels_last)
+        return self._torch(x)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        mean, std = self._constants(x.device)
+        shape = (-1, 1, 1)
+        y = x.to(torch.float32).div_(self.scale).sub_(mean.view(shape)).div_(std.view(shape))
+        if self.channels_last:
+            return y.to(dtype=self.dtype, memory_format=torch.channels_last)
+        return y.to(self.dtype)
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._consts:
+            self._consts[device] = (torch.tensor(self.mean, dtype=torch.float32, device=device),
+                                    torch.tensor(self.std, dtype=torch.float32, device=device))
+        return self._consts[device]
+
+
+__all__ = ["Normalize"]

@@ -1,0 +1,95 @@
+"""Normalize against a float64 reference (CPU here; the CUDA kernel against the torch path
+where a GPU is), its errors, and the nvcc compile check of every .cu source."""
+import glob
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import fastcollate
+from fastcollate.transforms import Normalize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def reference(x, dtype, channels_last, scale=255.0):
+    m = torch.tensor(MEAN, dtype=torch.float64).view(-1, 1, 1)
+    s = torch.tensor(STD, dtype=torch.float64).view(-1, 1, 1)
+    y = (x.double() / scale - m) / s
+    return y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_normalize_matches_float64(device, dtype, tol, channels_last):
+    x = torch.randint(0, 256, (5, 3, 17, 13), dtype=torch.uint8, device=device)
+    x[0, :, 0, 0] = 0
+    x[0, :, 0, 1] = 255
+    y = Normalize(MEAN, STD, dtype=dtype, channels_last=channels_last).apply(x)
+    assert y.dtype == dtype and y.shape == x.shape and y.device == x.device
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    ref = reference(x.cpu(), dtype, channels_last)
+    err = ((y.cpu().double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+    assert err <= tol, err
+
+
+def test_batch_keys_and_index():
+    n = Normalize([0.0], [1.0], keys=[0])
+    out = n([torch.full((2, 1, 2, 2), 51, dtype=torch.uint8), torch.tensor([1, 2])])
+    assert torch.allclose(out[0], torch.full((2, 1, 2, 2), 0.2)) and out[1].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (torch.zeros(2, 3, 4, 4), TypeError, "must be uint8"),
+    (torch.zeros(2, 4, 4, 4, dtype=torch.uint8), ValueError, "4 channels"),
+    (torch.zeros(4, 4, dtype=torch.uint8), ValueError, r"\[N, C, H, W\]"),
+    ("text", TypeError, "uint8 tensor"),
+])
+def test_rejects_bad_input(bad, err, match):
+    with pytest.raises(err, match=match):
+        Normalize(MEAN, STD)({"image": bad})
+
+
+def test_missing_key_and_bad_arguments():
+    with pytest.raises(KeyError, match="no leaf 'image'"):
+        Normalize(MEAN, STD)({"img": torch.zeros(1, 3, 1, 1, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="one value per channel"):
+        Normalize([0.5, 0.5], [0.5])
+    with pytest.raises(ValueError, match="dtype"):
+        Normalize(MEAN, STD, dtype=torch.int32)
+    with pytest.raises(ValueError, match="std"):
+        Normalize([0.0], [0.0])
+    with pytest.raises(ValueError, match="channels_last"):
+        Normalize(MEAN, STD, channels_last=True).apply(torch.zeros(3, 2, 2, dtype=torch.uint8))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cuda_kernel_equals_torch_path_bitwise(dtype, channels_last):
+    assert fastcollate.cuda_kernels_built(), "the CUDA kernel was not built"
+    x = torch.randint(0, 256, (4, 3, 31, 29), dtype=torch.uint8, device="cuda")
+    n = Normalize(MEAN, STD, dtype=dtype, channels_last=channels_last)
+    a = n.apply(x)
+    b = n._torch(x)
+    assert a.stride() == b.stride()
+    assert torch.equal(a.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       b.view(torch.int16 if dtype != torch.float32 else torch.int32))
+
+
+NVCC = shutil.which("nvcc") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"))
+
+
+@pytest.mark.skipif(not os.path.exists(NVCC), reason="nvcc not found")
+@pytest.mark.parametrize("source", sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu"))) or ["<none>"])
+def test_cu_sources_compile(source, tmp_path):
+    """Syntax and types of every kernel checked by nvcc (nothing run: no GPU needed)."""
+    assert source != "<none>", "no .cu sources found"
+    r = subprocess.run([NVCC, "-std=c++17", "-c", source, "-o", str(tmp_path / "k.o")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
