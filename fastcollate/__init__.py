@@ -7,19 +7,27 @@
 from ._ext import backend, cuda_kernels_built
 from . import transforms
 from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
+from .monitor import StallMonitor
 from .prefetch import CudaPrefetcher
+from .train import EpochStats, train_one_epoch
+from .tune import TuneResult, tune_loader
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Collator",
     "CudaPrefetcher",
+    "EpochStats",
+    "StallMonitor",
+    "TuneResult",
     "backend",
     "collate",
     "cuda_kernels_built",
     "reset_stats",
     "set_pool_limit",
     "stats",
+    "train_one_epoch",
     "transforms",
     "trim_pool",
+    "tune_loader",
 ]

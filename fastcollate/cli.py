@@ -1,56 +1,207 @@
-"""`fastcollate bench` (also `python -m fastcollate bench`)."""
+"""`fastcollate bench | tune | doctor` (also `python -m fastcollate ...`)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
+import platform
 import sys
-from typing import Sequence
+from typing import Any, Sequence
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line and a non-zero exit
-        self.exit(2, f"fastcollate: error: {message} (see `fastcollate {self.prog.split()[-1]} --help`)\n")
+        self.exit(2, f"fastcollate: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _load_dataset(spec: str) -> Any:
+    """'package.module:attr' -> the Dataset (attr may be a zero-argument factory)."""
+    if ":" not in spec:
+        raise CliError(f"--dataset must look like module:attr, got {spec!r}")
+    mod_name, attr = spec.split(":", 1)
+    sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {mod_name!r}: {exc}") from exc
+    try:
+        obj = getattr(mod, attr)
+    except AttributeError as exc:
+        raise CliError(f"{mod_name!r} has no attribute {attr!r}") from exc
+    if callable(obj) and not hasattr(obj, "__getitem__"):
+        obj = obj()
+    if not hasattr(obj, "__getitem__"):
+        raise CliError(f"{spec} is not a map-style dataset (no __getitem__)")
+    return obj
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from . import _ext, bench, workloads
+    from . import _ext, bench, e2e, workloads
 
     names = args.workloads.split(",") if args.workloads else list(workloads.WORKLOADS)
     unknown = [n for n in names if n not in workloads.WORKLOADS]
     if unknown:
-        print(f"fastcollate: error: unknown workload(s) {', '.join(unknown)}; "
-              f"choose from {', '.join(workloads.WORKLOADS)}", file=sys.stderr)
-        return 2
+        raise CliError(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(workloads.WORKLOADS)}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise CliError("--plot needs matplotlib: pip install 'fastcollate[plot]'") from exc
     rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
     _progress(f"fastcollate bench: backend={_ext.backend()}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op threads, {rounds} rounds")
     rows = bench.run(names, rounds=rounds, min_time=min_time, progress=_progress)
+    print("collate (ratios measured side by side in this run):")
     print(bench.format_table(rows))
     print("speedup = default_collate time / fastcollate time; of memcpy = a Tensor.copy_ of the same "
-          "bytes into a reused buffer / fastcollate time (medians, measured side by side)")
+          "bytes into a reused buffer / fastcollate time (medians)")
+    train_rows: list[dict[str, Any]] = []
+    if not args.no_train:
+        n = 512 if args.quick else 2048
+        _progress(f"end-to-end: one epoch of a small convnet, {n} synthetic images, default_collate vs fastcollate")
+        train_rows = e2e.compare(n=n, batch_size=64)
+        print("\nend-to-end training (CPU autocast bf16, num_workers=0):")
+        for r in train_rows:
+            print(f"  {r['collate']:<15} {r['samples_per_s']:9.0f} samples/s  loss {r['loss']:.4f}")
+        print("  stall breakdown (fastcollate): " + train_rows[-1]["summary"].replace("\n", "\n  "))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "rows": rows}, f, indent=2)
+            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows,
+                       "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]}, f, indent=2)
         _progress(f"wrote {args.json}")
+    if args.plot:
+        _plot(rows, args.plot)
+        _progress(f"wrote {args.plot}")
     return 0
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = [r["workload"] for r in rows]
+    ax.barh(names, [r["speedup"] for r in rows], color="#3a7")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("speedup over default_collate (x)")
+    ax.set_title("fastcollate vs default_collate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tune import tune_loader
+
+    if args.batch_size < 1:
+        raise CliError("--batch-size must be >= 1")
+    if args.budget <= 0:
+        raise CliError("--budget must be > 0 seconds")
+    ds = _load_dataset(args.dataset)
+    workers = [int(w) for w in args.workers.split(",")] if args.workers else None
+    res = tune_loader(ds, args.batch_size, budget_s=args.budget, num_workers=workers, progress=True)
+    print(res.format())
+    best = {k: v for k, v in res.best.items() if k != "collate_fn"}
+    print(f"best: {best}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"best": best, "table": res.table}, f, indent=2)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import _ext, e2e
+
+    print("fastcollate doctor")
+    checks: list[tuple[str, str]] = [
+        ("python", platform.python_version()),
+        ("torch", torch.__version__),
+        ("CUDA (torch build)", str(torch.version.cuda)),
+        ("GPU", torch.cuda.get_device_name() if torch.cuda.is_available() else "none visible"),
+        ("compiled backend", _ext.backend() + ("" if _ext.LOAD_ERROR is None else f" ({_ext.LOAD_ERROR})")),
+        ("CUDA kernels built", str(_ext.cuda_kernels_built())),
+        ("pinned memory", _pinned_available()),
+        ("cores", str(len(os.sched_getaffinity(0)))),
+        ("/dev/shm free", _shm_free()),
+        ("FASTCOLLATE_DISABLE", os.environ.get("FASTCOLLATE_DISABLE", "unset")),
+    ]
+    width = max(len(k) for k, _ in checks)
+    for k, v in checks:
+        print(f"  {k:<{width}}  {v}")
+    ds = _load_dataset(args.dataset) if args.dataset else None
+    _progress("diagnosis: a short training run with the stall monitor ...")
+    r = e2e.run(n=256 if ds is None else min(len(ds), 64 * args.batches), batch_size=64 if ds is None else args.batch_size,
+                dataset=ds, forward=None if ds is None else _null_forward)
+    print("  " + r["summary"].replace("\n", "\n  "))
+    return 0
+
+
+def _null_forward(model: Any, batch: Any) -> Any:
+    import torch
+
+    # a user dataset's samples do not fit the probe model: measure the loader with a trivial step
+    p = next(model.parameters())
+    return (p * 0).sum() + torch.zeros((), requires_grad=True)
+
+
+def _pinned_available() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no (no CUDA)"
+    try:
+        torch.empty(1, pin_memory=True)
+        return "yes"
+    except RuntimeError as exc:
+        return f"no ({exc})"
+
+
+def _shm_free() -> str:
+    try:
+        st = os.statvfs("/dev/shm")
+        return f"{st.f_bavail * st.f_frsize / 2**30:.1f} GiB"
+    except OSError:
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastcollate", description="fastcollate: exact, compiled collate for PyTorch loaders")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    b = sub.add_parser("bench", help="collate benchmark: fastcollate vs default_collate vs memcpy")
+    b = sub.add_parser("bench", help="collate benchmark + a small end-to-end training run with its stall breakdown")
     b.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload (median reported)")
     b.add_argument("--min-time", type=float, default=0.2, help="seconds of calls per timing")
-    b.add_argument("--quick", action="store_true", help="2 short rounds (a smoke run)")
-    b.add_argument("--workloads", help="comma-separated subset of the workloads")
-    b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    b.add_argument("--quick", action="store_true", help="short rounds and a short training run (a smoke run)")
+    b.add_argument("--workloads", help="comma-separated subset of the collate workloads")
+    b.add_argument("--no-train", action="store_true", help="skip the end-to-end training run")
+    b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (needs matplotlib)")
     b.set_defaults(fn=cmd_bench)
+    t = sub.add_parser("tune", help="pick DataLoader settings for a dataset by measurement")
+    t.add_argument("--dataset", required=True, help="module:attr of a map-style Dataset (or a factory)")
+    t.add_argument("--batch-size", type=int, required=True)
+    t.add_argument("--budget", type=float, default=60.0, help="seconds for the whole sweep")
+    t.add_argument("--workers", help="comma-separated worker counts to try (default: 0,1,2,4,... up to cores)")
+    t.add_argument("--json", metavar="PATH")
+    t.set_defaults(fn=cmd_tune)
+    d = sub.add_parser("doctor", help="environment report and a diagnosis of a short run")
+    d.add_argument("--dataset", help="module:attr of a Dataset to diagnose (default: embedded synthetic images)")
+    d.add_argument("--batch-size", type=int, default=32)
+    d.add_argument("--batches", type=int, default=8)
+    d.set_defaults(fn=cmd_doctor)
     return p
 
 
@@ -62,7 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if getattr(args, "rounds", 1) < 1:
         parser.error("--rounds must be >= 1")
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except CliError as exc:
+        print(f"fastcollate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fastcollate: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

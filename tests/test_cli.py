@@ -1,0 +1,69 @@
+"""Each command runs and exits 0; bad arguments give one clear line and a non-zero exit."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "fastcollate", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=TESTS)
+
+
+def test_bench_quick(tmp_path):
+    out = tmp_path / "b.json"
+    r = run("bench", "--quick", "--workloads", "tiny,nested", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "speedup" in r.stdout and "end-to-end" in r.stdout and "-bound" in r.stdout
+    assert "[1/2] tiny" in r.stderr  # progress
+    data = json.loads(out.read_text())
+    assert [row["workload"] for row in data["collate"]] == ["tiny", "nested"] and len(data["train"]) == 2
+
+
+def test_tune():
+    r = run("tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--budget", "3", "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    assert "best:" in r.stdout and "batches/s" in r.stdout
+
+
+def test_doctor():
+    r = run("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "compiled backend" in r.stdout and "cpp" in r.stdout and "-bound" in r.stdout
+
+
+def test_doctor_with_a_dataset():
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--batches", "4")
+    assert r.returncode == 0, r.stderr
+    assert "-bound" in r.stdout
+
+
+def test_help_everywhere():
+    for args in ([], ["bench"], ["tune"], ["doctor"]):
+        r = run(*args, "--help")
+        assert r.returncode == 0 and "usage:" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["bench", "--workloads", "nope"], "unknown workload"),
+    (["bench", "--rounds", "0"], "--rounds"),
+    (["bench", "--rounds", "x"], "invalid int"),
+    (["tune", "--batch-size", "4"], "--dataset"),
+    (["tune", "--dataset", "nomodule_xyz:DS", "--batch-size", "4"], "cannot import"),
+    (["tune", "--dataset", "cli_dataset", "--batch-size", "4"], "module:attr"),
+    (["tune", "--dataset", "cli_dataset:MISSING", "--batch-size", "4"], "no attribute"),
+    (["tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "0"], "--batch-size"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_one_line_nonzero(args, needle):
+    r = run(*args)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.strip().splitlines() if l.startswith("fastcollate: error")]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
