@@ -164,4 +164,25 @@ void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_th
   });
 }
 
+void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base) {
+  for (const FillPiece& f : fills) {
+    uint8_t* dst = base + f.dst_offset;
+    bool uniform = true;  // all pattern bytes equal (0, -1, 1 as bool...): one memset
+    for (int i = 1; i < f.pattern_size; ++i) uniform = uniform && f.pattern[i] == f.pattern[0];
+    if (uniform) {
+      std::memset(dst, f.pattern[0], f.nbytes);
+      continue;
+    }
+    // one element, then the filled prefix copied onto the rest, doubling: log2(n) memcpys
+    if (f.nbytes == 0) continue;
+    std::memcpy(dst, f.pattern, f.pattern_size);
+    size_t done = f.pattern_size;
+    while (done < f.nbytes) {
+      const size_t n = std::min(done, f.nbytes - done);
+      std::memcpy(dst + done, dst, n);
+      done += n;
+    }
+  }
+}
+
 }  // namespace fastcollate

@@ -15,6 +15,16 @@ struct CopyPiece {
   size_t nbytes;
 };
 
+// nbytes at dst_offset filled with a repeated element (a pad value, a mask's 0 or 1).
+struct FillPiece {
+  size_t dst_offset;
+  size_t nbytes;
+  uint8_t pattern[16];
+  uint8_t pattern_size;  // 1, 2, 4, 8 or 16; divides nbytes
+};
+
+void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base);
+
 // Below this many bytes a copy stays on the calling thread: waking workers costs more.
 constexpr size_t kParallelCopyMinBytes = 1 << 20;
 

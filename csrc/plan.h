@@ -67,6 +67,7 @@ struct Plan {
   std::vector<ScalarPiece> scalar_pieces;
   std::vector<uint8_t> scalars;
   std::vector<Conversion> conversions;
+  std::vector<FillPiece> fills;
   // Owners of every CopyPiece::src, so the GIL-free copy reads live memory even if another
   // thread drops the samples meanwhile: the tensors' Python objects (cheap, non-atomic
   // references) or, for tensors made here (numpy, reference results), the tensors.
@@ -80,9 +81,24 @@ struct Plan {
   }
 };
 
+// Places an already-collated tensor in the arena as `node` (a Tensor leaf).
+void place_tensor(Plan& plan, Node& node, const at::Tensor& t);
+
+// A contiguous-or-not sample tensor's first `rows` rows, copied to dst_offset.
+void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep);
+
+// A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
+bool plain_tensor(const at::Tensor& t);
+
+// numpy array -> a tensor sharing its memory: 1, and *out set; 0: not an ndarray; -1: an
+// ndarray torch.as_tensor would refuse (or that needs its error message).
+int numpy_to_tensor(PyObject* obj, at::Tensor* out);
+
+struct PadConfig;
+
 // Walks the batch (GIL held). defer_fn(samples, path) is the Python reference, called for
 // anything off the fast path; it returns the collated value or raises the error to report.
-Plan build_plan(py::handle batch, py::handle defer_fn);
+Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad = nullptr);
 
 // Copies every leaf into the arena. Touches no Python object: call with the GIL released.
 void run_copies(Plan& plan, const at::Tensor& arena, int num_threads);

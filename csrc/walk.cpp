@@ -8,6 +8,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "pad.h"
 #include "plan.h"
 
 namespace fastcollate {
@@ -60,12 +61,6 @@ bool isinstance(PyObject* obj, PyObject* cls) {
   return r == 1;
 }
 
-// A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
-bool plain(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested() &&
-         !t.is_quantized() && !t.requires_grad() && !t._is_zerotensor();
-}
-
 enum class Parent { Top, Mapping, Sequence };
 
 // One column of the batch: borrowed objects, owned by the containers being walked.
@@ -91,13 +86,16 @@ bool same_key(PyObject* a, PyObject* b) {
 
 class Walker {
  public:
-  Walker(Plan& plan, py::handle batch, py::handle defer_fn)
-      : plan_(plan), batch_(batch), defer_fn_(defer_fn) {}
+  Walker(Plan& plan, py::handle batch, py::handle defer_fn, const PadConfig* pad)
+      : plan_(plan), batch_(batch), defer_fn_(defer_fn), pad_(pad) {}
 
   void walk(Node& node, Samples samples, Parent parent, int depth) {
     if (depth > kMaxDepth) return defer(node, samples, parent);
     PyObject* e = samples[0];
     const PyTypes& T = types();
+    if (pad_ != nullptr && parent == Parent::Top && !(PyDict_Check(e) || isinstance(e, T.mapping))) {
+      return defer(node, samples, parent);  // pad= needs mapping samples: the reference says so
+    }
     if (THPVariable_CheckExact(e)) return tensor_leaf(node, samples, parent, /*numpy=*/false);
     if (THPVariable_Check(e)) return defer(node, samples, parent);  // subclasses: torch.stack decides
     if (T.ndarray != nullptr && PyObject_TypeCheck(e, T.ndarray)) return numpy_leaf(node, samples, parent);
@@ -134,35 +132,19 @@ class Walker {
   }
 
   void defer(Node& node, Samples samples, Parent parent) {
-    py::object result = defer_fn_(container(samples, parent), py::tuple(py::cast(path_)));
+    // with pad=, the structure of the whole batch is the padding reference's to judge
+    py::object result = (pad_ != nullptr && parent == Parent::Top)
+                            ? pad_->defer_batch(batch_)
+                            : defer_fn_(container(samples, parent), py::tuple(py::cast(path_)));
     ++plan_.deferred;
     node.children.clear();
     node.keys.clear();
     if (THPVariable_CheckExact(result.ptr())) {
       const at::Tensor& t = THPVariable_Unpack(result.ptr());
-      if (plain(t)) {
-        node.kind = NodeKind::Tensor;
-        node.dtype = t.scalar_type();
-        node.sizes = t.sizes().vec();
-        node.nbytes = t.numel() * t.element_size();
-        node.offset = plan_.reserve(node.nbytes);
-        ++plan_.tensor_leaves;
-        add_copy(t, node.offset, node.nbytes);
-        return;
-      }
+      if (plain_tensor(t)) return place_tensor(plan_, node, t);
     }
     node.kind = NodeKind::Object;
     node.obj = std::move(result);
-  }
-
-  void add_copy(const at::Tensor& t, size_t dst_offset, size_t nbytes) {
-    if (nbytes == 0) return;
-    if (t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
-      plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst_offset, nbytes});
-      plan_.keep_alive.push_back(t);
-    } else {
-      plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst_offset});
-    }
   }
 
   void tensor_leaf(Node& node, Samples samples, Parent parent, bool numpy) {
@@ -173,13 +155,9 @@ class Walker {
     if (numpy) {
       made.reserve(B);
       for (size_t i = 0; i < B; ++i) {
-        if (!PyObject_TypeCheck(samples[i], types().ndarray)) return defer(node, samples, parent);
-        try {
-          made.push_back(torch::utils::tensor_from_numpy(samples[i], /*warn_if_not_writeable=*/false));
-        } catch (const std::exception&) {
-          PyErr_Clear();
-          return defer(node, samples, parent);  // the reference raises torch.as_tensor's error
-        }
+        at::Tensor t;
+        if (numpy_to_tensor(samples[i], &t) != 1) return defer(node, samples, parent);  // the reference raises
+        made.push_back(std::move(t));
         ts[i] = &made.back();
       }
     } else {
@@ -189,7 +167,7 @@ class Walker {
       }
     }
     const at::Tensor& t0 = *ts[0];
-    if (!plain(t0)) return defer(node, samples, parent);
+    if (!plain_tensor(t0)) return defer(node, samples, parent);
     // Equal dispatch keys mean the same device, layout, and conj/neg/zero bits as sample 0.
     const c10::DispatchKeySet keys0 = t0.key_set();
     const caffe2::TypeMeta dtype0 = t0.dtype();
@@ -234,13 +212,7 @@ class Walker {
     ++plan_.tensor_leaves;
   }
 
-  void numpy_leaf(Node& node, Samples samples, Parent parent) {
-    // default_collate refuses str/bytes/object arrays by sample 0's dtype string.
-    py::object dstr = py::reinterpret_borrow<py::object>(samples[0]).attr("dtype").attr("str");
-    const std::string s = dstr.cast<std::string>();
-    if (s.find_first_of("SaUO") != std::string::npos) return defer(node, samples, parent);
-    tensor_leaf(node, samples, parent, /*numpy=*/true);
-  }
+  void numpy_leaf(Node& node, Samples samples, Parent parent) { tensor_leaf(node, samples, parent, /*numpy=*/true); }
 
   // A 1-D leaf of one scalar per sample, written into the plan's scalar buffer.
   uint8_t* scalar_leaf(Node& node, at::ScalarType dtype, size_t B) {
@@ -351,11 +323,50 @@ class Walker {
         table[k * B + i] = v;
       }
     }
+    const PadConfig* pad = parent == Parent::Top ? pad_ : nullptr;
+    if (pad != nullptr) {
+      // every padded key in sample 0, and no clash with the mask/lengths keys
+      for (const auto& kv : pad->values) {
+        if (std::none_of(node.keys.begin(), node.keys.end(), [&](const py::object& k) { return k.equal(kv.first); })) {
+          return defer(node, samples, parent);
+        }
+      }
+      for (const py::object* extra : {&pad->mask_key, &pad->lengths_key}) {
+        if (!extra->is_none() &&
+            std::any_of(node.keys.begin(), node.keys.end(), [&](const py::object& k) { return k.equal(*extra); })) {
+          return defer(node, samples, parent);
+        }
+      }
+    }
     node.children.resize(K);
+    std::vector<int64_t> first_lengths;
+    int64_t first_L = 0;
     for (size_t k = 0; k < K; ++k) {
+      const py::object* value = pad != nullptr ? pad->value_for(node.keys[k].ptr()) : nullptr;
+      if (value != nullptr) {
+        std::vector<int64_t> lengths =
+            pad_column(plan_, node.children[k], table.data() + k * B, B, node.keys[k], *value, *pad);
+        if (node.keys[k].equal(pad->values[0].first)) {
+          first_lengths = std::move(lengths);
+          first_L = node.children[k].sizes.size() > 1 ? node.children[k].sizes[1] : 0;
+        }
+        continue;
+      }
       path_.push_back(node.keys[k]);
       walk(node.children[k], Samples{table.data() + k * B, B}, Parent::Mapping, depth + 1);
       path_.pop_back();
+    }
+    if (pad != nullptr) {
+      if (!pad->mask_key.is_none()) {
+        node.keys.push_back(pad->mask_key);
+        node.children.emplace_back();
+        mask_leaf(plan_, node.children.back(), first_lengths, first_L, *pad);
+      }
+      if (!pad->lengths_key.is_none()) {
+        node.keys.push_back(pad->lengths_key);
+        node.children.emplace_back();
+        lengths_leaf(plan_, node.children.back(), first_lengths);
+      }
     }
   }
 
@@ -426,14 +437,62 @@ class Walker {
   Plan& plan_;
   py::handle batch_;
   py::handle defer_fn_;
+  const PadConfig* pad_;
   std::vector<py::object> path_;
 };
 
 }  // namespace
 
-Plan build_plan(py::handle batch, py::handle defer_fn) {
+bool plain_tensor(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested() &&
+         !t.is_quantized() && !t.requires_grad() && !t._is_zerotensor();
+}
+
+int numpy_to_tensor(PyObject* obj, at::Tensor* out) {
+  const PyTypes& T = types();
+  if (T.ndarray == nullptr || !PyObject_TypeCheck(obj, T.ndarray)) return 0;
+  // default_collate refuses str/bytes/object arrays by their dtype string
+  py::object dstr = py::reinterpret_borrow<py::object>(obj).attr("dtype").attr("str");
+  if (dstr.cast<std::string>().find_first_of("SaUO") != std::string::npos) return -1;
+  try {
+    *out = torch::utils::tensor_from_numpy(obj, /*warn_if_not_writeable=*/false);
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    return -1;  // negative strides, byte order...: torch.as_tensor's error, via the reference
+  }
+  return 1;
+}
+
+void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep) {
+  const at::Tensor part = rows == t.size(0) ? t : t.narrow(0, 0, rows);
+  const size_t nbytes = static_cast<size_t>(part.numel()) * part.element_size();
+  if (nbytes == 0) return;
+  if (part.is_contiguous() && !part.is_conj() && !part.is_neg()) {
+    plan.pieces.push_back({static_cast<const uint8_t*>(part.const_data_ptr()), dst_offset, nbytes});
+    if (keep) plan.keep_alive.push_back(part);
+  } else {
+    plan.conversions.push_back({part, part.scalar_type(), part.sizes().vec(), dst_offset});
+  }
+}
+
+void place_tensor(Plan& plan, Node& node, const at::Tensor& t) {
+  TORCH_CHECK(plain_tensor(t), "fastcollate: internal: a reference result to place is not a plain CPU tensor");
+  node.kind = NodeKind::Tensor;
+  node.dtype = t.scalar_type();
+  node.sizes = t.sizes().vec();
+  node.nbytes = t.numel() * t.element_size();
+  node.offset = plan.reserve(node.nbytes);
+  ++plan.tensor_leaves;
+  if (t.dim() == 0) {
+    add_rows(plan, t.reshape({1}), 1, node.offset, true);
+  } else {
+    add_rows(plan, t, t.size(0), node.offset, true);
+  }
+}
+
+Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad) {
   Plan plan;
-  Walker walker(plan, batch, defer_fn);
+  Walker walker(plan, batch, defer_fn, pad);
   py::object fast;
   // only real sequences: PySequence_Fast would silently drain a generator default_collate rejects
   if (PySequence_Check(batch.ptr())) {
@@ -447,7 +506,8 @@ Plan build_plan(py::handle batch, py::handle defer_fn) {
   } else {
     // empty or not a sequence: the reference raises default_collate's error, better worded
     plan.root.kind = NodeKind::Object;
-    plan.root.obj = py::reinterpret_borrow<py::object>(defer_fn)(batch, py::tuple());
+    plan.root.obj = pad != nullptr ? pad->defer_batch(batch)
+                                   : py::reinterpret_borrow<py::object>(defer_fn)(batch, py::tuple());
   }
   for (const ScalarPiece& s : plan.scalar_pieces) {
     plan.pieces.push_back({plan.scalars.data() + s.src_offset, s.dst_offset, s.nbytes});

@@ -9,6 +9,7 @@ from . import transforms
 from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
 from .monitor import StallMonitor
 from .prefetch import CudaPrefetcher
+from .sampler import LengthGroupedSampler, padding_fraction
 from .train import EpochStats, train_one_epoch
 from .tune import TuneResult, tune_loader
 
@@ -18,11 +19,13 @@ __all__ = [
     "Collator",
     "CudaPrefetcher",
     "EpochStats",
+    "LengthGroupedSampler",
     "StallMonitor",
     "TuneResult",
     "backend",
     "collate",
     "cuda_kernels_built",
+    "padding_fraction",
     "reset_stats",
     "set_pool_limit",
     "stats",

@@ -56,6 +56,40 @@ def measure(name: str, rounds: int = 5, min_time: float = 0.2, collator: Collato
     }
 
 
+def measure_pad(name: str, rounds: int = 5, min_time: float = 0.2) -> dict[str, Any]:
+    """Padding collate vs the usual as_tensor + pad_sequence + mask pattern."""
+    label, make = workloads.PAD_WORKLOADS[name]
+    batch = make()
+    fast = Collator(pad={"input_ids": 0, "labels": -100})
+    t_usual, t_fast = [], []
+    for _ in range(rounds):
+        t_usual.append(_time_per_call(lambda: workloads.usual_padding(batch), min_time))
+        t_fast.append(_time_per_call(lambda: fast(batch), min_time))
+    u, f = statistics.median(t_usual), statistics.median(t_fast)
+    return {"workload": name, "description": label, "usual_ms": u * 1e3, "fastcollate_ms": f * 1e3,
+            "speedup": u / f, "rounds": rounds}
+
+
+def run_pad(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
+            progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    names = list(names or workloads.PAD_WORKLOADS)
+    rows = []
+    for i, name in enumerate(names):
+        if progress:
+            progress(f"[pad {i + 1}/{len(names)}] {name}")
+        rows.append(measure_pad(name, rounds=rounds, min_time=min_time))
+    return rows
+
+
+def format_pad_table(rows: list[dict[str, Any]]) -> str:
+    head = f"| {'workload':<40} | {'as_tensor+pad_sequence+mask':>27} | {'fastcollate':>11} | {'speedup':>7} |"
+    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    for r in rows:
+        lines.append(f"| {r['description']:<40} | {r['usual_ms']:24.3f} ms | {r['fastcollate_ms']:8.3f} ms | "
+                     f"{r['speedup']:6.2f}x |")
+    return "\n".join(lines)
+
+
 def run(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     names = list(names or workloads.WORKLOADS)

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from . import _ext, reference
+from .pad import PadSpec
 
 logger = logging.getLogger("fastcollate")
 
@@ -95,6 +96,13 @@ class Collator:
             elsewhere.
         backend: ``"auto"`` (the compiled engine when it loaded), ``"cpp"`` (require it) or
             ``"python"`` (the pure-Python reference).
+        pad: ``{key: pad value}`` for top-level leaves of variable length (tensors, numpy arrays,
+            lists of numbers), padded straight into the arena; see fastcollate.pad for the rules.
+        pad_to_multiple_of, max_length, padding_side: the padded length is the batch's longest
+            (each truncated to max_length), rounded up to the multiple; padding on the right or left.
+        return_mask, mask_key, mask_dtype: a ``[B, L]`` mask (1 real, 0 padding) of the first
+            padded key, ``attention_mask`` int64 by default (Hugging Face's convention).
+        lengths_key: also return the per-sample lengths of the first padded key under this key.
 
     >>> import torch, fastcollate
     >>> c = fastcollate.Collator()
@@ -109,6 +117,14 @@ class Collator:
         pin_memory: bool | Literal["auto"] = False,
         num_threads: int | None = None,
         backend: Literal["auto", "cpp", "python"] = "auto",
+        pad: dict[Any, int | float] | None = None,
+        pad_to_multiple_of: int | None = None,
+        max_length: int | None = None,
+        padding_side: Literal["right", "left"] = "right",
+        return_mask: bool = True,
+        mask_key: Any = "attention_mask",
+        mask_dtype: torch.dtype = torch.int64,
+        lengths_key: Any = None,
     ) -> None:
         if pin_memory == "auto":
             pin_memory = torch.cuda.is_available()
@@ -120,13 +136,17 @@ class Collator:
             raise ValueError(f"fastcollate: backend must be 'auto', 'cpp' or 'python', got {backend!r}")
         if backend == "cpp" and _ext._C is None:
             raise RuntimeError(f"fastcollate: the compiled engine is not available: {_ext.LOAD_ERROR}")
+        self.pad = None if pad is None else PadSpec.make(pad, pad_to_multiple_of, max_length, padding_side,
+                                                         return_mask, mask_key, mask_dtype, lengths_key)
+        self._pad_engine = None if self.pad is None else self.pad.engine()
         self.pin_memory = pin_memory
         self.num_threads = num_threads
         self.backend = "python" if backend == "python" or _ext._C is None else "cpp"
         self._main_threads = num_threads or min(4, _cores())
 
     def __repr__(self) -> str:
-        return f"Collator(pin_memory={self.pin_memory}, num_threads={self.num_threads}, backend={self.backend!r})"
+        pad = "" if self.pad is None else f", pad={dict(self.pad.values)}"
+        return f"Collator(pin_memory={self.pin_memory}, num_threads={self.num_threads}, backend={self.backend!r}{pad})"
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         if disabled():
@@ -143,13 +163,13 @@ class Collator:
         if self.backend == "python" or not reference.fn_map_is_stock():
             # the engine knows default_collate's stock rules, not types a user registered
             _count("python_batches")
-            return reference.collate(batch)
+            return reference.collate(batch) if self.pad is None else self.pad.collate(batch)
         in_worker = get_worker_info() is not None
         if in_worker:
             alloc, threads = _alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
-        return _ext._C.collate(batch, alloc, threads, reference.collate_subtree)
+        return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine)
 
 
 _default = Collator()

@@ -75,3 +75,40 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
+
+
+def token_samples(n: int, as_tensors: bool, seed: int = 5) -> list[dict[str, Any]]:
+    """Tokenizer output: input_ids and labels of lengths 16..512, as lists of ints or tensors."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(16, 513))
+        ids = rng.integers(0, 50_000, size=length)
+        if as_tensors:
+            t = torch.from_numpy(ids)
+            out.append({"input_ids": t, "labels": t.clone()})
+        else:
+            lst = ids.tolist()
+            out.append({"input_ids": lst, "labels": list(lst)})
+    return out
+
+
+PAD_WORKLOADS: dict[str, tuple[str, Callable[[], list]]] = {
+    "tokens64_lists": ("64 x token ids (lists), len 16-512", lambda: token_samples(64, False)),
+    "tokens512_lists": ("512 x token ids (lists), len 16-512", lambda: token_samples(512, False)),
+    "tokens64_tensors": ("64 x token ids (tensors), len 16-512", lambda: token_samples(64, True)),
+    "tokens512_tensors": ("512 x token ids (tensors), len 16-512", lambda: token_samples(512, True)),
+}
+
+
+def usual_padding(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """What people write by hand: as_tensor per sample, pad_sequence, a mask from lengths."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    ids = [torch.as_tensor(s["input_ids"]) for s in batch]
+    labels = [torch.as_tensor(s["labels"]) for s in batch]
+    lengths = torch.tensor([len(t) for t in ids])
+    input_ids = pad_sequence(ids, batch_first=True, padding_value=0)
+    mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
+    return {"input_ids": input_ids, "labels": pad_sequence(labels, batch_first=True, padding_value=-100),
+            "attention_mask": mask}
