@@ -143,7 +143,12 @@ class StallMonitor:
         return out
 
     def summary(self, distributed: bool = False) -> str:
-        r = self.report(distributed)
+        """report() as text (with distributed=True a collective: call it on every rank)."""
+        return self.format(self.report(distributed))
+
+    @staticmethod
+    def format(r: dict[str, Any]) -> str:
+        """A report() dict as text."""
         lines = [f"{r['verdict']}: {r['steps']} steps in {r['wall_s']:.2f}s; waiting for data "
                  f"{100 * r['data_wait_fraction']:.0f}%, H2D {100 * r['h2d_fraction']:.0f}%, compute "
                  f"{r['compute_s']:.2f}s ({r['compute_source']}), device idle {100 * r['gpu_idle_fraction']:.0f}%"]

@@ -234,8 +234,15 @@ def train_one_epoch(
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("step %d: batch %d [%s] %.2f ms (wait %.2f ms) %s", steps, n, _shapes(batch), dt * 1e3,
                          waited * 1e3, "optimizer step" if boundary else "accumulate")
+    if ddp and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # the epoch's one collective: the loss averaged over every rank's counted micro-steps
+        # (skips agree across ranks: DDP all-reduces the gradients the guard looks at)
+        world = torch.distributed.get_world_size()
+        totals = torch.stack([loss_sum, counted, skipped])
+        torch.distributed.all_reduce(totals)
+        loss_sum, counted, skipped = totals[0], totals[1], totals[2] / world
     # the one synchronization of the epoch
-    total, count, nskip = loss_sum.item(), counted.item(), int(skipped.item())
+    total, count, nskip = loss_sum.item(), counted.item(), int(round(skipped.item()))
     if on_cuda:
         torch.cuda.current_stream(dev).synchronize()
         compute = sum(a.elapsed_time(b) for a, b in events) / 1e3
