@@ -43,6 +43,13 @@ py::object collate(py::handle batch, py::handle alloc_fn, int num_threads, py::h
   return out;
 }
 
+// The arena bytes a batch would need (the walk alone; nothing is allocated or copied).
+size_t plan_bytes(py::handle batch, py::handle defer_fn, py::handle pad_spec) {
+  std::optional<PadConfig> pad;
+  if (!pad_spec.is_none()) pad = PadConfig::parse(pad_spec);
+  return build_plan(batch, defer_fn, pad ? &*pad : nullptr).nbytes;
+}
+
 py::dict stats() {
   const PoolStats p = pool_stats();
   py::dict d;
@@ -87,6 +94,7 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
 
 }  // namespace
 
+void register_ring_ops(pybind11::module_& m);
 #if FASTCOLLATE_WITH_CUDA
 void register_cuda_ops(pybind11::module_& m);
 #endif
@@ -99,6 +107,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("collate", &fc::collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"),
         py::arg("pad") = py::none());
   m.def("stats", &fc::stats);
+  m.def("plan_bytes", &fc::plan_bytes, py::arg("batch"), py::arg("defer_fn"), py::arg("pad") = py::none());
   m.def("reset_counters", &fc::reset_counters);
   m.def("pool_allocate", [](size_t n) { return fc::pool_allocate(n); });
   m.def("pool_size_class", &fc::pool_size_class);
@@ -107,6 +116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("copy_bytes", &fc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("num_threads"), py::arg("piece_bytes"));
   m.def("hardware_threads", &fc::hardware_threads);
   m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
+  fc::register_ring_ops(m);
 #if FASTCOLLATE_WITH_CUDA
   fc::register_cuda_ops(m);
 #endif

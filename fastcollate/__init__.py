@@ -7,6 +7,7 @@
 from ._ext import backend, cuda_kernels_built
 from . import transforms
 from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
+from .loader import DataLoader
 from .monitor import StallMonitor
 from .prefetch import CudaPrefetcher
 from .sampler import LengthGroupedSampler, padding_fraction
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Collator",
     "CudaPrefetcher",
+    "DataLoader",
     "EpochStats",
     "LengthGroupedSampler",
     "StallMonitor",

@@ -19,12 +19,13 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(v)
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """obj with every tensor leaf t replaced by fn(t); str, numbers and other leaves untouched."""
-    if isinstance(obj, torch.Tensor):
+def map_tensors(obj: Any, fn: Callable[[Any], Any], leaf_type: type = torch.Tensor) -> Any:
+    """obj with every leaf of leaf_type (tensors by default) replaced by fn(leaf); str, numbers
+    and other leaves untouched; containers keep their types."""
+    if isinstance(obj, leaf_type):
         return fn(obj)
     if isinstance(obj, collections.abc.Mapping):
-        values = {k: map_tensors(v, fn) for k, v in obj.items()}
+        values = {k: map_tensors(v, fn, leaf_type) for k, v in obj.items()}
         if type(obj) is dict:
             return values
         try:
@@ -36,14 +37,14 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         except TypeError:
             return values
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
+        return type(obj)(*(map_tensors(v, fn, leaf_type) for v in obj))
     if isinstance(obj, list):
-        out = [map_tensors(v, fn) for v in obj]
+        out = [map_tensors(v, fn, leaf_type) for v in obj]
         if type(obj) is list:
             return out
         clone = copy.copy(obj)
         clone[:] = out
         return clone
     if isinstance(obj, tuple):
-        return type(obj)(map_tensors(v, fn) for v in obj) if type(obj) is tuple else tuple(map_tensors(v, fn) for v in obj)
+        return type(obj)(map_tensors(v, fn, leaf_type) for v in obj) if type(obj) is tuple else tuple(map_tensors(v, fn, leaf_type) for v in obj)
     return obj

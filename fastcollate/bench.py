@@ -90,6 +90,58 @@ def format_pad_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _samples_per_s(loader: Any, epochs: int) -> float:
+    best = 0.0
+    it = iter(loader)
+    next(it)  # workers started and warm
+    del it
+    for _ in range(epochs):
+        t0, n = time.perf_counter(), 0
+        for batch in loader:
+            n += len(batch["label"])
+            del batch
+        best = max(best, n / (time.perf_counter() - t0))
+    return best
+
+
+def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[str, Any]:
+    """torch's DataLoader (workers, and none) vs fastcollate.DataLoader's worker ring."""
+    from torch.utils.data import DataLoader as TorchLoader
+
+    from .loader import DataLoader as FastLoader
+
+    label, make = workloads.LOADER_WORKLOADS[name]
+    ds, bs = make()
+    pw = dict(num_workers=num_workers, persistent_workers=True)
+    rates = {
+        "torch_workers": _samples_per_s(TorchLoader(ds, batch_size=bs, **pw), epochs),
+        "torch_main": _samples_per_s(TorchLoader(ds, batch_size=bs), epochs),
+        "ring_workers": _samples_per_s(FastLoader(ds, batch_size=bs, **pw), epochs),
+    }
+    return {"workload": name, "description": label, "num_workers": num_workers, **rates,
+            "vs_torch_workers": rates["ring_workers"] / rates["torch_workers"],
+            "vs_torch_main": rates["ring_workers"] / rates["torch_main"]}
+
+
+def run_loaders(epochs: int = 2, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for i, name in enumerate(workloads.LOADER_WORKLOADS):
+        if progress:
+            progress(f"[loader {i + 1}/{len(workloads.LOADER_WORKLOADS)}] {name}")
+        rows.append(measure_loaders(name, epochs=epochs))
+    return rows
+
+
+def format_loader_table(rows: list[dict[str, Any]]) -> str:
+    head = (f"| {'workload':<30} | {'torch, 2 workers':>16} | {'torch, main':>11} | {'ring, 2 workers':>15} | "
+            f"{'vs torch workers':>16} | {'vs torch main':>13} |")
+    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    for r in rows:
+        lines.append(f"| {r['description']:<30} | {r['torch_workers']:14.0f}/s | {r['torch_main']:9.0f}/s | "
+                     f"{r['ring_workers']:13.0f}/s | {r['vs_torch_workers']:15.2f}x | {r['vs_torch_main']:12.2f}x |")
+    return "\n".join(lines)
+
+
 def run(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     names = list(names or workloads.WORKLOADS)

@@ -69,6 +69,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     pad_rows = bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress)
     print("\npadding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:")
     print(bench.format_pad_table(pad_rows))
+    loader_rows = bench.run_loaders(epochs=1 if args.quick else 3, progress=_progress)
+    print("\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s):")
+    print(bench.format_loader_table(loader_rows))
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
         n = 512 if args.quick else 2048
@@ -80,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("  stall breakdown (fastcollate): " + train_rows[-1]["summary"].replace("\n", "\n  "))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows,
+            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows, "loaders": loader_rows,
                        "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]}, f, indent=2)
         _progress(f"wrote {args.json}")
     if args.plot:

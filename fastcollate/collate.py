@@ -149,24 +149,40 @@ class Collator:
         return f"Collator(pin_memory={self.pin_memory}, num_threads={self.num_threads}, backend={self.backend!r}{pad})"
 
     def __call__(self, batch: Sequence[Any]) -> Any:
+        return self.run(batch)
+
+    def run(self, batch: Sequence[Any], worker_alloc: Any = None) -> Any:
+        """Collate; ``worker_alloc`` (nbytes -> uint8 tensor) replaces the shared-memory arena
+        inside DataLoader workers (the worker ring uses it)."""
         if disabled():
             _count("disabled_batches")
             return default_collate(batch)
         try:
-            return self._collate(batch)
+            return self._collate(batch, worker_alloc)
         except Exception as exc:
             _count(f"errors.{type(exc).__name__}")
             logger.error("collate failed: %s: %s [%s]", type(exc).__name__, exc, _summary(batch))
             raise
 
-    def _collate(self, batch: Sequence[Any]) -> Any:
-        if self.backend == "python" or not reference.fn_map_is_stock():
+    @property
+    def compiled(self) -> bool:
+        """Whether batches go through the compiled engine (not the reference)."""
+        return self.backend == "cpp" and reference.fn_map_is_stock()
+
+    def planned_bytes(self, batch: Sequence[Any]) -> int:
+        """The arena size a batch needs (walk only: nothing allocated or copied)."""
+        if _ext._C is None:
+            raise RuntimeError("fastcollate: planned_bytes needs the compiled engine")
+        return int(_ext._C.plan_bytes(batch, reference.collate_subtree, self._pad_engine))
+
+    def _collate(self, batch: Sequence[Any], worker_alloc: Any = None) -> Any:
+        if not self.compiled:
             # the engine knows default_collate's stock rules, not types a user registered
             _count("python_batches")
             return reference.collate(batch) if self.pad is None else self.pad.collate(batch)
         in_worker = get_worker_info() is not None
         if in_worker:
-            alloc, threads = _alloc_shared, self.num_threads or 1
+            alloc, threads = worker_alloc or _alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
         return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine)

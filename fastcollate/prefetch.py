@@ -2,6 +2,7 @@
 GPU on a side stream, `depth` batches ahead, while the training step computes."""
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import warnings
@@ -86,6 +87,7 @@ class CudaPrefetcher:
         self._bytes = self._single = self._leafwise = 0
         self._h2d_ms = 0.0
         self._pending: list = []
+        self._holds: collections.deque = collections.deque()  # (ready event, host batch)
         self._current: weakref.ref | None = None
         if self.device.type == "cuda":
             self._transport: Any = CudaTransport(self.device, transform, copy_threads or min(4, _cores()))
@@ -149,6 +151,9 @@ class CudaPrefetcher:
             with self._lock:
                 self._pending.append(d.timing)
                 self._drain_timings()
+                self._holds.append((d.ready, d.hold))
+                while self._holds and self._holds[0][0].query():  # in order: copies complete in order
+                    self._holds.popleft()
         return d.batch
 
     def _drain_timings(self) -> None:
@@ -167,6 +172,10 @@ class CudaPrefetcher:
         if it is not None:
             it.close()
         self._current = None
+        with self._lock:
+            while self._holds:  # not the hot path: wait for the last copies out of held host memory
+                ready, _ = self._holds.popleft()
+                ready.synchronize()
 
     def __enter__(self) -> "CudaPrefetcher":
         return self

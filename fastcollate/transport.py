@@ -27,6 +27,7 @@ class Delivered:
     timing: Any = None                # (start, end) events around the H2D copy
     nbytes: int = 0
     single_copy: bool = False
+    hold: Any = None                  # host memory to keep alive until `ready` has completed
 
 
 def find_arena(batch: Any) -> tuple[torch.UntypedStorage, int] | None:
@@ -107,4 +108,7 @@ class CudaTransport:
             ready.record(self.stream)
         # one record_stream per device storage (views share it)
         owners = {t.untyped_storage().data_ptr(): t for t in iter_tensors(out) if t.is_cuda}
-        return Delivered(out, ready, list(owners.values()), (start, end), nbytes, arena is not None)
+        # Host memory that torch's caching host allocator does not guard with events (a ring
+        # slot registered with cudaHostRegister, say) must outlive the copy: the CPU batch is
+        # held until the ready event completes.
+        return Delivered(out, ready, list(owners.values()), (start, end), nbytes, arena is not None, hold=batch)

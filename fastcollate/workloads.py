@@ -112,3 +112,22 @@ def usual_padding(batch: list[dict[str, Any]]) -> dict[str, Any]:
     mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
     return {"input_ids": input_ids, "labels": pad_sequence(labels, batch_first=True, padding_value=-100),
             "attention_mask": mask}
+
+
+class CachedSamples(torch.utils.data.Dataset):
+    """Samples made once and served by index: the loader's cost, not the dataset's, is measured."""
+
+    def __init__(self, samples: list, length: int) -> None:
+        self.samples, self.length = samples, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i % len(self.samples)]
+
+
+LOADER_WORKLOADS: dict[str, tuple[str, Callable[[], tuple[Any, int]]]] = {
+    "loader_images": ("256 x {uint8 3x224x224, int}", lambda: (CachedSamples(images_u8(64), 256 * 12), 256)),
+    "loader_fields": ("1024 x 17-field samples", lambda: (CachedSamples(small_fields(256), 1024 * 12), 1024)),
+}

@@ -1,0 +1,234 @@
+"""fastcollate.DataLoader and the worker ring, against torch's DataLoader + default_collate."""
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import fastcollate
+from datasets import Mixed
+from helpers import assert_same, tensor_leaves
+
+
+class Imgs(tud.Dataset):
+    def __init__(self, n=40, size=16):
+        self.n, self.size = n, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"image": torch.full((3, self.size, self.size), i % 251, dtype=torch.uint8), "label": i, "s": f"{i}"}
+
+
+class Shards(tud.IterableDataset):
+    def __init__(self, n=37):
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.n, nw):
+            yield {"x": torch.tensor([i, i * i]), "y": float(i)}
+
+
+class KillAt(Imgs):
+    def __getitem__(self, i):
+        if i == 13 and tud.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+def pair(ds, **kw):
+    seed = kw.pop("seed", None)
+    gen = (lambda: {"generator": torch.Generator().manual_seed(seed)}) if seed is not None else dict
+    ours = fastcollate.DataLoader(ds, **kw, **gen())
+    theirs = tud.DataLoader(ds, **{k: v for k, v in kw.items() if k not in ("ring_slot_bytes", "ring_max_bytes")},
+                            **gen())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("kw", [
+    dict(batch_size=8, num_workers=2),
+    dict(batch_size=8, num_workers=2, drop_last=True),
+    dict(batch_size=5, num_workers=2, shuffle=True, seed=3),
+    dict(batch_sampler=tud.BatchSampler(tud.SequentialSampler(range(37)), 6, False), num_workers=2),
+    dict(batch_size=4, num_workers=1, sampler=list(reversed(range(37)))),
+    dict(batch_size=8, num_workers=2, persistent_workers=True),
+    dict(batch_size=8, num_workers=2, multiprocessing_context="spawn"),
+])
+def test_batch_for_batch_equal_to_torch(kw):
+    kw = dict(kw)
+    ours, theirs = pair(Mixed(37), **kw)
+    n = 0
+    for epoch in range(2):
+        for a, b in zip(ours, theirs, strict=True):  # as a training loop holds them: one at a time
+            assert_same(a, b)
+            n += 1
+    st = ours.stats()
+    assert st["ring"] and st["ring_hits"] == n and st["ring_fallbacks"] == 0
+
+
+def test_iterable_dataset_sharded_by_worker():
+    ours, theirs = pair(Shards(), batch_size=4, num_workers=2, ring_slot_bytes=4096)
+    for a, b in zip(ours, theirs, strict=True):
+        assert_same(a, b)
+    assert ours.stats()["ring_hits"] > 0
+    plain = fastcollate.DataLoader(Shards(), batch_size=4, num_workers=2)  # no ring_slot_bytes: no ring
+    assert_same(list(plain), list(tud.DataLoader(Shards(), batch_size=4, num_workers=2)))
+    assert plain.stats() == {"ring": False}
+
+
+def test_main_process_and_custom_collate_have_no_ring():
+    assert fastcollate.DataLoader(Imgs(), batch_size=4).stats() == {"ring": False}
+    l = fastcollate.DataLoader(Imgs(), batch_size=4, num_workers=2, collate_fn=tud.default_collate)
+    assert_same(list(l), list(tud.DataLoader(Imgs(), batch_size=4, num_workers=2)), contiguous=False)
+    assert l.stats() == {"ring": False}
+
+
+def test_batches_are_views_of_one_slot_and_never_overwritten_while_held():
+    loader = fastcollate.DataLoader(Imgs(200), batch_size=8, num_workers=2, persistent_workers=True)
+    held = []
+    for epoch in range(3):
+        for i, b in enumerate(loader):
+            leaves = tensor_leaves(b)
+            assert len({t.untyped_storage().data_ptr() for t in leaves}) == 1
+            if i % 7 == 0:
+                held.append((i, b))
+    for i, b in held:
+        idx = list(range(i * 8, i * 8 + 8))
+        assert b["label"].tolist() == idx
+        assert torch.equal(b["image"][:, 0, 0, 0], torch.tensor([j % 251 for j in idx], dtype=torch.uint8))
+    st = loader.stats()
+    assert st["ring_slots_held"] <= len(held)
+    del held, b
+    gc.collect()
+    assert loader.stats()["ring_slots_held"] == 0
+
+
+def test_fallback_when_the_ring_is_full_or_the_batch_too_big():
+    # two slots only: holding batches forces the workers onto ordinary shared arenas
+    loader = fastcollate.DataLoader(Imgs(160), batch_size=8, num_workers=2, ring_slot_bytes=64 << 10,
+                                    ring_max_bytes=2 * (64 << 10))
+    got = list(loader)  # all held: the ring fills
+    want = list(tud.DataLoader(Imgs(160), batch_size=8, num_workers=2))
+    for a, b in zip(got, want):
+        assert_same(a, b)
+    st = loader.stats()
+    assert st["ring_slots"] == 2 and st["ring_full"] > 0 and st["ring_hits"] + st["ring_fallbacks"] == 20
+    big = fastcollate.DataLoader(Imgs(16, size=64), batch_size=8, num_workers=2, ring_slot_bytes=1000)
+    assert_same(list(big), list(tud.DataLoader(Imgs(16, size=64), batch_size=8, num_workers=2)))
+    assert big.stats()["ring_oversize"] == 2 and big.stats()["ring_hits"] == 0
+
+
+def test_a_killed_worker_raises_and_its_slot_is_reclaimed():
+    loader = fastcollate.DataLoader(KillAt(64), batch_size=4, num_workers=2, timeout=60)
+    it = iter(loader)
+    raised = None
+    try:
+        for b in it:
+            del b  # hold nothing: every slot must come back
+    except RuntimeError as exc:
+        raised = str(exc)
+    assert raised is not None and "worker" in raised.lower()
+    del it  # the iterator shuts the surviving worker down; its undelivered slot is then reclaimable
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        loader._ring.reclaim_dead()
+        st = loader.stats()
+        if st["ring_slots_filled"] == 0 and st["ring_slots_held"] == 0:
+            break
+        time.sleep(0.1)
+    assert st["ring_slots_filled"] == 0 and st["ring_slots_held"] == 0, st
+
+
+def test_dataset_errors_keep_their_type():
+    class Bad(Imgs):
+        def __getitem__(self, i):
+            if i == 9:
+                raise ValueError("sample 9 is broken")
+            return super().__getitem__(i)
+
+    with pytest.raises(ValueError, match="sample 9 is broken"):
+        list(fastcollate.DataLoader(Bad(), batch_size=4, num_workers=2))
+
+
+def test_early_break_and_persistent_workers_leave_no_slot_behind():
+    loader = fastcollate.DataLoader(Imgs(400), batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=4)
+    for epoch in range(5):
+        for i, b in enumerate(loader):
+            if i == 3:
+                break
+        del b
+    gc.collect()
+    st = loader.stats()
+    assert st["ring_slots_held"] == 0
+    # the prefetched, discarded batches were handed back when their handles died
+    assert sum(1 for b in loader) == 100
+    gc.collect()
+    assert loader.stats()["ring_slots_held"] == 0 and loader.stats()["ring_slots_filled"] == 0
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_fds_rss_and_slots_flat_over_100_epochs():
+    loader = fastcollate.DataLoader(Imgs(48, size=32), batch_size=8, num_workers=2, persistent_workers=True)
+    for _ in range(5):
+        for b in loader:
+            pass
+    del b
+    gc.collect()
+    fds0, rss0 = _fds(), _rss()
+    for _ in range(100):
+        for b in loader:
+            pass
+    del b
+    gc.collect()
+    assert _fds() - fds0 <= 2
+    assert _rss() - rss0 < 16 << 20
+    st = loader.stats()
+    assert st["ring_slots_held"] == 0 and st["ring_slots_filled"] == 0 and st["ring_fallbacks"] == 0
+
+
+def test_non_persistent_epochs_reuse_the_ring():
+    loader = fastcollate.DataLoader(Imgs(32), batch_size=8, num_workers=2)
+    for _ in range(4):
+        assert len(list(loader)) == 4
+    gc.collect()
+    assert loader.stats()["ring_hits"] == 16 and loader.stats()["ring_slots_held"] == 0
+
+
+def test_probe_does_not_shift_random_streams():
+    class Rand(tud.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return {"x": torch.rand(2), "n": np.random.rand(), "i": i}
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    a = [b["x"] for b in fastcollate.DataLoader(Rand(), batch_size=4, num_workers=2, shuffle=True)]
+    torch.manual_seed(0)
+    np.random.seed(0)
+    b = [b["x"] for b in tud.DataLoader(Rand(), batch_size=4, num_workers=2, shuffle=True)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_with_the_prefetcher():
+    loader = fastcollate.DataLoader(Imgs(40), batch_size=8, num_workers=2)
+    got = list(fastcollate.CudaPrefetcher(loader, device="cpu"))
+    for a, b in zip(got, tud.DataLoader(Imgs(40), batch_size=8)):
+        assert_same(a, b)
