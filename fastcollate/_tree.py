@@ -19,6 +19,20 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(v)
 
 
+def rebuild_mapping(elem: collections.abc.Mapping, values: dict) -> Any:
+    """default_collate's rule for the mapping that comes back: a shallow copy of sample 0 updated
+    with the new values when it is mutable, else type(sample 0)(values), and a plain dict when
+    either raises TypeError."""
+    try:
+        if isinstance(elem, collections.abc.MutableMapping):
+            clone = copy.copy(elem)
+            clone.update(values)
+            return clone
+        return type(elem)(values)
+    except TypeError:
+        return values
+
+
 def map_tensors(obj: Any, fn: Callable[[Any], Any], leaf_type: type = torch.Tensor) -> Any:
     """obj with every leaf of leaf_type (tensors by default) replaced by fn(leaf); str, numbers
     and other leaves untouched; containers keep their types."""
@@ -26,16 +40,7 @@ def map_tensors(obj: Any, fn: Callable[[Any], Any], leaf_type: type = torch.Tens
         return fn(obj)
     if isinstance(obj, collections.abc.Mapping):
         values = {k: map_tensors(v, fn, leaf_type) for k, v in obj.items()}
-        if type(obj) is dict:
-            return values
-        try:
-            if isinstance(obj, collections.abc.MutableMapping):
-                clone = copy.copy(obj)
-                clone.update(values)
-                return clone
-            return type(obj)(values)
-        except TypeError:
-            return values
+        return values if type(obj) is dict else rebuild_mapping(obj, values)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(map_tensors(v, fn, leaf_type) for v in obj))
     if isinstance(obj, list):

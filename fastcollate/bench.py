@@ -72,13 +72,8 @@ def measure_pad(name: str, rounds: int = 5, min_time: float = 0.2) -> dict[str, 
 
 def run_pad(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    names = list(names or workloads.PAD_WORKLOADS)
-    rows = []
-    for i, name in enumerate(names):
-        if progress:
-            progress(f"[pad {i + 1}/{len(names)}] {name}")
-        rows.append(measure_pad(name, rounds=rounds, min_time=min_time))
-    return rows
+    return _each(names or workloads.PAD_WORKLOADS, "pad", progress,
+                 lambda n: measure_pad(n, rounds=rounds, min_time=min_time))
 
 
 def format_pad_table(rows: list[dict[str, Any]]) -> str:
@@ -124,12 +119,7 @@ def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[st
 
 
 def run_loaders(epochs: int = 2, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    rows = []
-    for i, name in enumerate(workloads.LOADER_WORKLOADS):
-        if progress:
-            progress(f"[loader {i + 1}/{len(workloads.LOADER_WORKLOADS)}] {name}")
-        rows.append(measure_loaders(name, epochs=epochs))
-    return rows
+    return _each(workloads.LOADER_WORKLOADS, "loader", progress, lambda n: measure_loaders(n, epochs=epochs))
 
 
 def format_loader_table(rows: list[dict[str, Any]]) -> str:
@@ -144,12 +134,18 @@ def format_loader_table(rows: list[dict[str, Any]]) -> str:
 
 def run(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    names = list(names or workloads.WORKLOADS)
+    return _each(names or workloads.WORKLOADS, "collate", progress,
+                 lambda n: measure(n, rounds=rounds, min_time=min_time))
+
+
+def _each(names: Iterable[str], tag: str, progress: Callable[[str], None] | None,
+          measure_one: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+    names = list(names)
     rows = []
     for i, name in enumerate(names):
         if progress:
-            progress(f"[{i + 1}/{len(names)}] {name}")
-        rows.append(measure(name, rounds=rounds, min_time=min_time))
+            progress(f"[{tag} {i + 1}/{len(names)}] {name}")
+        rows.append(measure_one(name))
     return rows
 
 

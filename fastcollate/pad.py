@@ -18,7 +18,6 @@ Rules (the compiled engine follows them exactly):
 from __future__ import annotations
 
 import collections.abc
-import copy
 import dataclasses
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +25,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from . import reference
+from ._tree import rebuild_mapping
 from .reference import _rewrap, _type_name
 
 _LIST_DTYPES = {0: torch.bool, 1: torch.int64, 2: torch.float32}
@@ -181,14 +181,7 @@ class PadSpec:
             values[self.mask_key] = self.mask(*first)
         if self.lengths_key is not None:
             values[self.lengths_key] = torch.tensor(first[0], dtype=torch.int64)
-        try:
-            if isinstance(elem, collections.abc.MutableMapping):
-                clone = copy.copy(elem)
-                clone.update(values)
-                return clone
-            return type(elem)(values)
-        except TypeError:
-            return values
+        return rebuild_mapping(elem, values)
 
 
 def _check_fits(value: Any, dtype: torch.dtype, where: str) -> None:

@@ -17,6 +17,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import collate as _tc
 
+from ._tree import rebuild_mapping
+
 _STR_OBJ_DTYPE = re.compile(r"[SaUO]")
 _UNSUPPORTED = "batch must contain tensors, numpy arrays, numbers, dicts or lists"
 _SPARSE = {torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc}
@@ -199,14 +201,7 @@ def _mapping(batch, path, worker, shared):
                     f"({_type_name(elem)}): {exc}"
                 ) from exc
         values[key] = _collate(column, path + (key,), worker, shared)
-    try:
-        if isinstance(elem, collections.abc.MutableMapping):
-            clone = copy.copy(elem)
-            clone.update(values)
-            return clone
-        return type(elem)(values)
-    except TypeError:
-        return values
+    return rebuild_mapping(elem, values)
 
 
 def _transposed(batch, path):

@@ -170,70 +170,75 @@ def train_one_epoch(
     t_start = time.perf_counter()
     if monitor is not None:
         monitor.start()
-    for batch, last, waited in _lookahead(iter(loader)):
-        data_wait += waited
-        if monitor is not None:
-            monitor.record_wait(waited)
-        t0 = time.perf_counter()
-        if on_cuda:
-            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            ev[0].record()
-        batch = map_tensors(batch, lambda t: t if t.device == dev else t.to(dev, non_blocking=True))
-        micro += 1
-        boundary = micro == accumulation_steps or last
-        sync_ctx = model.no_sync() if (ddp and not boundary) else contextlib.nullcontext()
-        with sync_ctx:
-            with torch.amp.autocast(dev.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                loss = compute_loss(model, batch, forward, loss_fn)
-            if loss.dim() != 0:
-                raise ValueError(f"train_one_epoch: the loss must be a scalar, got shape {list(loss.shape)}")
-            scaled = loss.float() / accumulation_steps
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        window_loss += loss.detach().float()
-        window_n += 1
-        steps += 1
-        n = _batch_size(batch)
-        samples += n
-        if boundary:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            norm = _grad_norm(params, max_grad_norm).to(dev)
-            found_inf = (~(torch.isfinite(norm) & torch.isfinite(window_loss))).float()
-            if scaler is not None:
-                scaler.step(optimizer)  # skips on its own found_inf (non-finite grads)
-                scaler.update()
-            elif fused:
-                optimizer.grad_scale, optimizer.found_inf = None, found_inf  # the fused kernel skips on the device
-                try:
+    try:
+        for batch, last, waited in _lookahead(iter(loader)):
+            data_wait += waited
+            if monitor is not None:
+                monitor.record_wait(waited)
+            t0 = time.perf_counter()
+            if on_cuda:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
+            batch = map_tensors(batch, lambda t: t if t.device == dev else t.to(dev, non_blocking=True))
+            micro += 1
+            boundary = micro == accumulation_steps or last
+            sync_ctx = model.no_sync() if (ddp and not boundary) else contextlib.nullcontext()
+            with sync_ctx:
+                with torch.amp.autocast(dev.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                    loss = compute_loss(model, batch, forward, loss_fn)
+                if loss.dim() != 0:
+                    raise ValueError(f"train_one_epoch: the loss must be a scalar, got shape {list(loss.shape)}")
+                scaled = loss.float() / accumulation_steps
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            window_loss += loss.detach().float()
+            window_n += 1
+            steps += 1
+            n = _batch_size(batch)
+            samples += n
+            if boundary:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                norm = _grad_norm(params, max_grad_norm).to(dev)
+                found_inf = (~(torch.isfinite(norm) & torch.isfinite(window_loss))).float()
+                if scaler is not None:
+                    scaler.step(optimizer)  # skips on its own found_inf (non-finite grads)
+                    scaler.update()
+                elif fused:
+                    optimizer.grad_scale, optimizer.found_inf = None, found_inf  # the fused kernel skips on the device
+                    try:
+                        optimizer.step()
+                    finally:
+                        del optimizer.grad_scale, optimizer.found_inf
+                elif not bool(found_inf.item()):  # the one host read per optimizer step (non-fused)
                     optimizer.step()
-                finally:
-                    del optimizer.grad_scale, optimizer.found_inf
-            elif not bool(found_inf.item()):  # the one host read per optimizer step (non-fused)
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-            bad = found_inf.bool()  # where(), not a product: NaN * 0 is NaN
-            loss_sum += torch.where(bad, zero, window_loss)
-            counted += torch.where(bad, zero, window_n)
-            skipped += found_inf
-            window_loss.zero_()
-            window_n.zero_()
-            micro = 0
-            opt_steps += 1
-            if log_every and opt_steps % log_every == 0:
-                logger.info("step %d: mean loss %.6g, skipped %d", opt_steps,
-                            (loss_sum / counted.clamp_min(1)).item(), int(skipped.item()))
-        if on_cuda:
-            ev[1].record()
-            events.append(ev)
-        dt = time.perf_counter() - t0
-        host_compute += dt
-        if monitor is not None:
-            monitor.record_compute(dt, ev if on_cuda else None)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("step %d: batch %d [%s] %.2f ms (wait %.2f ms) %s", steps, n, _shapes(batch), dt * 1e3,
-                         waited * 1e3, "optimizer step" if boundary else "accumulate")
+                optimizer.zero_grad(set_to_none=True)
+                if scheduler is not None:
+                    scheduler.step()
+                bad = found_inf.bool()  # where(), not a product: NaN * 0 is NaN
+                loss_sum += torch.where(bad, zero, window_loss)
+                counted += torch.where(bad, zero, window_n)
+                skipped += found_inf
+                window_loss.zero_()
+                window_n.zero_()
+                micro = 0
+                opt_steps += 1
+                if log_every and opt_steps % log_every == 0:
+                    logger.info("step %d: mean loss %.6g, skipped %d", opt_steps,
+                                (loss_sum / counted.clamp_min(1)).item(), int(skipped.item()))
+            if on_cuda:
+                ev[1].record()
+                events.append(ev)
+            dt = time.perf_counter() - t0
+            host_compute += dt
+            if monitor is not None:
+                monitor.record_compute(dt, ev if on_cuda else None)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("step %d: batch %d [%s] %.2f ms (wait %.2f ms) %s", steps, n, _shapes(batch), dt * 1e3,
+                             waited * 1e3, "optimizer step" if boundary else "accumulate")
+    except Exception as exc:  # logged with where it happened, re-raised unchanged
+        logger.error("train_one_epoch: step %d failed: %s: %s", steps + 1, type(exc).__name__, exc)
+        raise
+
     if ddp and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # the epoch's one collective: the loss averaged over every rank's counted micro-steps
         # (skips agree across ranks: DDP all-reduces the gradients the guard looks at)

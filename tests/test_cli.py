@@ -21,7 +21,7 @@ def test_bench_quick(tmp_path):
     r = run("bench", "--quick", "--workloads", "tiny,nested", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "speedup" in r.stdout and "end-to-end" in r.stdout and "-bound" in r.stdout
-    assert "[1/2] tiny" in r.stderr  # progress
+    assert "[collate 1/2] tiny" in r.stderr  # progress
     data = json.loads(out.read_text())
     assert [row["workload"] for row in data["collate"]] == ["tiny", "nested"] and len(data["train"]) == 2
 
@@ -67,3 +67,14 @@ def test_bad_arguments_one_line_nonzero(args, needle):
     lines = [l for l in r.stderr.strip().splitlines() if l.startswith("fastcollate: error")]
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_bench_plot(tmp_path):
+    target = tmp_path / "speedups.png"
+    r = run("bench", "--quick", "--workloads", "tiny", "--no-train", "--plot", str(target))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert r.returncode == 2 and "needs matplotlib" in r.stderr and "Traceback" not in r.stderr
+        return
+    assert r.returncode == 0 and target.stat().st_size > 0, r.stderr

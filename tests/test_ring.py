@@ -105,7 +105,7 @@ def test_batches_are_views_of_one_slot_and_never_overwritten_while_held():
         assert torch.equal(b["image"][:, 0, 0, 0], torch.tensor([j % 251 for j in idx], dtype=torch.uint8))
     st = loader.stats()
     assert st["ring_slots_held"] <= len(held)
-    del held, b
+    del held, b, leaves
     gc.collect()
     assert loader.stats()["ring_slots_held"] == 0
 
@@ -232,3 +232,10 @@ def test_with_the_prefetcher():
     got = list(fastcollate.CudaPrefetcher(loader, device="cpu"))
     for a, b in zip(got, tud.DataLoader(Imgs(40), batch_size=8)):
         assert_same(a, b)
+
+
+def test_no_shm_name_stays_linked():
+    before = set(os.listdir("/dev/shm"))
+    loader = fastcollate.DataLoader(Imgs(32), batch_size=8, num_workers=2)
+    assert len(list(loader)) == 4 and loader.stats()["ring"]
+    assert set(os.listdir("/dev/shm")) - before == set()

@@ -195,3 +195,15 @@ def test_debug_logging(caplog):
                                     forward=fwd)
     msgs = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
     assert len(msgs) == 2 and "x:[8, 8]" in msgs[0] and "optimizer step" in msgs[0]
+
+
+def test_a_failing_step_is_logged_with_its_type_and_reraised(caplog):
+    model = _mlp()
+
+    def bad_forward(m, b):
+        raise ZeroDivisionError("no")
+
+    with caplog.at_level("ERROR", logger="fastcollate"), pytest.raises(ZeroDivisionError):
+        fastcollate.train_one_epoch(model, DataLoader(_data(16), batch_size=8), torch.optim.SGD(model.parameters(), lr=0.1),
+                                    forward=bad_forward)
+    assert any("step 1 failed: ZeroDivisionError" in r.getMessage() for r in caplog.records)
