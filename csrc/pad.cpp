@@ -1,5 +1,7 @@
 #include "pad.h"
 
+#include "leaves.h"
+
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 

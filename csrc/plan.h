@@ -81,19 +81,6 @@ struct Plan {
   }
 };
 
-// Places an already-collated tensor in the arena as `node` (a Tensor leaf).
-void place_tensor(Plan& plan, Node& node, const at::Tensor& t);
-
-// A contiguous-or-not sample tensor's first `rows` rows, copied to dst_offset.
-void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep);
-
-// A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
-bool plain_tensor(const at::Tensor& t);
-
-// numpy array -> a tensor sharing its memory: 1, and *out set; 0: not an ndarray; -1: an
-// ndarray torch.as_tensor would refuse (or that needs its error message).
-int numpy_to_tensor(PyObject* obj, at::Tensor* out);
-
 struct PadConfig;
 
 // Walks the batch (GIL held). defer_fn(samples, path) is the Python reference, called for

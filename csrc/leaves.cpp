@@ -1,0 +1,90 @@
+#include "leaves.h"
+
+#include <torch/csrc/utils/tensor_numpy.h>
+
+#include <string>
+
+namespace fastcollate {
+
+const PyTypes& types() {
+  static const PyTypes* t = [] {
+    static PyTypes pt;
+    py::module_ abc = py::module_::import("collections.abc");
+    pt.mapping = py::object(abc.attr("Mapping")).release().ptr();
+    pt.mutable_mapping = py::object(abc.attr("MutableMapping")).release().ptr();
+    pt.sequence = py::object(abc.attr("Sequence")).release().ptr();
+    pt.mutable_sequence = py::object(abc.attr("MutableSequence")).release().ptr();
+    try {
+      py::module_ np = py::module_::import("numpy");
+      pt.ndarray = reinterpret_cast<PyTypeObject*>(py::object(np.attr("ndarray")).release().ptr());
+      pt.np_scalars = py::make_tuple(np.attr("bool_"), np.attr("number"), np.attr("object_")).release().ptr();
+      const std::pair<const char*, at::ScalarType> names[] = {
+          {"bool_", at::kBool},      {"uint8", at::kByte},         {"int8", at::kChar},
+          {"int16", at::kShort},     {"int32", at::kInt},          {"int64", at::kLong},
+          {"float16", at::kHalf},    {"float32", at::kFloat},      {"float64", at::kDouble},
+          {"complex64", at::kComplexFloat}, {"complex128", at::kComplexDouble}};
+      for (const auto& [name, dtype] : names) {
+        pt.np_scalar_dtype[reinterpret_cast<PyTypeObject*>(np.attr(name).ptr())] = dtype;
+      }
+    } catch (py::error_already_set&) {
+      PyErr_Clear();  // no numpy: default_collate has no numpy rows either
+    }
+    return &pt;
+  }();
+  return *t;
+}
+
+bool isinstance(PyObject* obj, PyObject* cls) {
+  const int r = PyObject_IsInstance(obj, cls);
+  if (r < 0) throw py::error_already_set();
+  return r == 1;
+}
+
+bool plain_tensor(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested() &&
+         !t.is_quantized() && !t.requires_grad() && !t._is_zerotensor();
+}
+
+int numpy_to_tensor(PyObject* obj, at::Tensor* out) {
+  const PyTypes& T = types();
+  if (T.ndarray == nullptr || !PyObject_TypeCheck(obj, T.ndarray)) return 0;
+  // default_collate refuses str/bytes/object arrays by their dtype string
+  py::object dstr = py::reinterpret_borrow<py::object>(obj).attr("dtype").attr("str");
+  if (dstr.cast<std::string>().find_first_of("SaUO") != std::string::npos) return -1;
+  try {
+    *out = torch::utils::tensor_from_numpy(obj, /*warn_if_not_writeable=*/false);
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    return -1;  // negative strides, byte order...: torch.as_tensor's error, via the reference
+  }
+  return 1;
+}
+
+void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep) {
+  const at::Tensor part = rows == t.size(0) ? t : t.narrow(0, 0, rows);
+  const size_t nbytes = static_cast<size_t>(part.numel()) * part.element_size();
+  if (nbytes == 0) return;
+  if (part.is_contiguous() && !part.is_conj() && !part.is_neg()) {
+    plan.pieces.push_back({static_cast<const uint8_t*>(part.const_data_ptr()), dst_offset, nbytes});
+    if (keep) plan.keep_alive.push_back(part);
+  } else {
+    plan.conversions.push_back({part, part.scalar_type(), part.sizes().vec(), dst_offset});
+  }
+}
+
+void place_tensor(Plan& plan, Node& node, const at::Tensor& t) {
+  TORCH_CHECK(plain_tensor(t), "fastcollate: internal: a reference result to place is not a plain CPU tensor");
+  node.kind = NodeKind::Tensor;
+  node.dtype = t.scalar_type();
+  node.sizes = t.sizes().vec();
+  node.nbytes = t.numel() * t.element_size();
+  node.offset = plan.reserve(node.nbytes);
+  ++plan.tensor_leaves;
+  if (t.dim() == 0) {
+    add_rows(plan, t.reshape({1}), 1, node.offset, true);
+  } else {
+    add_rows(plan, t, t.size(0), node.offset, true);
+  }
+}
+
+}  // namespace fastcollate

@@ -1,0 +1,41 @@
+// Reading sample leaves: the Python/numpy types the walk dispatches on, numpy arrays as tensor
+// views, which tensors the arena can hold, and the copy pieces that move their bytes.
+#pragma once
+
+#include <unordered_map>
+
+#include "plan.h"
+
+namespace fastcollate {
+
+// Types looked up once (GIL held) and kept for the life of the process.
+struct PyTypes {
+  PyObject* mapping = nullptr;
+  PyObject* mutable_mapping = nullptr;
+  PyObject* sequence = nullptr;
+  PyObject* mutable_sequence = nullptr;
+  PyTypeObject* ndarray = nullptr;   // null without numpy
+  PyObject* np_scalars = nullptr;    // (np.bool_, np.number, np.object_), as default_collate uses
+  std::unordered_map<PyTypeObject*, at::ScalarType> np_scalar_dtype;
+};
+
+const PyTypes& types();
+
+// isinstance(), raising the Python error if the check itself fails.
+bool isinstance(PyObject* obj, PyObject* cls);
+
+// A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
+bool plain_tensor(const at::Tensor& t);
+
+// numpy array -> a tensor sharing its memory: 1, and *out set; 0: not an ndarray; -1: an
+// ndarray torch.as_tensor would refuse (or that needs its error message).
+int numpy_to_tensor(PyObject* obj, at::Tensor* out);
+
+// A sample tensor's first `rows` rows, copied to dst_offset (memcpy piece, or a conversion for
+// strided / conjugated sources). keep: hold a reference for the GIL-free copy.
+void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep);
+
+// Places an already-collated tensor in the arena as `node` (a Tensor leaf).
+void place_tensor(Plan& plan, Node& node, const at::Tensor& t);
+
+}  // namespace fastcollate
