@@ -34,6 +34,11 @@ const PyTypes& types() {
   return *t;
 }
 
+bool refused_numpy_dtype(PyObject* array) {
+  py::object dstr = py::reinterpret_borrow<py::object>(array).attr("dtype").attr("str");
+  return dstr.cast<std::string>().find_first_of("SaUO") != std::string::npos;
+}
+
 bool isinstance(PyObject* obj, PyObject* cls) {
   const int r = PyObject_IsInstance(obj, cls);
   if (r < 0) throw py::error_already_set();
@@ -48,10 +53,7 @@ bool plain_tensor(const at::Tensor& t) {
 int numpy_to_tensor(PyObject* obj, at::Tensor* out) {
   const PyTypes& T = types();
   if (T.ndarray == nullptr || !PyObject_TypeCheck(obj, T.ndarray)) return 0;
-  // default_collate refuses str/bytes/object arrays by their dtype string
-  py::object dstr = py::reinterpret_borrow<py::object>(obj).attr("dtype").attr("str");
-  if (dstr.cast<std::string>().find_first_of("SaUO") != std::string::npos) return -1;
-  try {
+  try {  // str/bytes/object arrays are refused here too (the walk checks sample 0's dtype string)
     *out = torch::utils::tensor_from_numpy(obj, /*warn_if_not_writeable=*/false);
   } catch (const std::exception&) {
     PyErr_Clear();

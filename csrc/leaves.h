@@ -24,6 +24,9 @@ const PyTypes& types();
 // isinstance(), raising the Python error if the check itself fails.
 bool isinstance(PyObject* obj, PyObject* cls);
 
+// default_collate's test on sample 0 of a numpy leaf: a str/bytes/object dtype ([SaUO]).
+bool refused_numpy_dtype(PyObject* array);
+
 // A tensor whose bytes the arena can hold exactly as torch.stack would produce them.
 bool plain_tensor(const at::Tensor& t);
 

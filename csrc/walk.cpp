@@ -166,7 +166,10 @@ class Walker {
     ++plan_.tensor_leaves;
   }
 
-  void numpy_leaf(Node& node, Samples samples, Parent parent) { tensor_leaf(node, samples, parent, /*numpy=*/true); }
+  void numpy_leaf(Node& node, Samples samples, Parent parent) {
+    if (refused_numpy_dtype(samples[0])) return defer(node, samples, parent);  // the reference raises TypeError
+    tensor_leaf(node, samples, parent, /*numpy=*/true);
+  }
 
   // A 1-D leaf of one scalar per sample, written into the plan's scalar buffer.
   uint8_t* scalar_leaf(Node& node, at::ScalarType dtype, size_t B) {
