@@ -16,6 +16,8 @@ def test_gpu_check_dry_run():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = r.stdout
     assert "| corrupted batches" in table and "| 0 | 0 |" in table
-    assert "StallMonitor: slow dataset" in table and "| data-bound | data-bound |" in table
-    assert "| compute-bound | compute-bound |" in table
+    # the verdicts themselves are tested in test_monitor_tune.py; here: every row is produced
+    for row in ("step: fastcollate.DataLoader + CudaPrefetcher", "data-bound samples/s",
+                "train_one_epoch bfloat16", "StallMonitor: slow dataset", "StallMonitor: heavy model"):
+        assert row in table, row
     assert open(results).read() == before
