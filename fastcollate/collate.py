@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from collections import Counter
 from typing import Any, Literal, Sequence
 
@@ -130,6 +131,11 @@ class Collator:
             pin_memory = torch.cuda.is_available()
         if not isinstance(pin_memory, bool):
             raise ValueError(f"fastcollate: pin_memory must be True, False or 'auto', got {pin_memory!r}")
+        if pin_memory and not torch.cuda.is_available():
+            # as torch's DataLoader does: say so once and carry on unpinned
+            warnings.warn("fastcollate: pin_memory=True but CUDA is not available; arenas stay pageable",
+                          stacklevel=2)
+            pin_memory = False
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ValueError(f"fastcollate: num_threads must be a positive int, got {num_threads!r}")
         if backend not in ("auto", "cpp", "python"):

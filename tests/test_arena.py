@@ -118,3 +118,20 @@ def test_leaves_share_one_storage_with_threads():
     batch = [{"a": torch.randn(300, 300), "b": torch.randn(7)} for _ in range(16)]
     out = fastcollate.Collator(num_threads=4)(batch)
     assert len({t.untyped_storage().data_ptr() for t in tensor_leaves(out)}) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA fallback")
+def test_pin_memory_without_cuda_warns_and_stays_pageable():
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        c = fastcollate.Collator(pin_memory=True)
+    assert not c.pin_memory
+    assert not c([torch.ones(2), torch.ones(2)]).is_pinned()
+    assert fastcollate.Collator(pin_memory="auto").pin_memory is False
+
+
+@pytest.mark.cuda
+def test_pinned_arena_is_one_pinned_storage():
+    c = fastcollate.Collator(pin_memory=True)
+    out = c([{"a": torch.randn(3, 5), "b": i} for i in range(4)])
+    assert out["a"].is_pinned() and out["b"].is_pinned()
+    assert out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
