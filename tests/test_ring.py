@@ -239,3 +239,19 @@ def test_no_shm_name_stays_linked():
     loader = fastcollate.DataLoader(Imgs(32), batch_size=8, num_workers=2)
     assert len(list(loader)) == 4 and loader.stats()["ring"]
     assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_ring_with_a_padding_collator():
+    data = [{"ids": list(range(n)), "y": float(n)} for n in [3, 0, 5, 1, 2, 7, 4, 6, 9, 8]]
+    ours = fastcollate.DataLoader(data, batch_size=3, num_workers=2,
+                                  collate_fn=fastcollate.Collator(pad={"ids": -1}, lengths_key="lengths"))
+    ref = fastcollate.Collator(pad={"ids": -1}, lengths_key="lengths", backend="python")
+    want = [ref(data[i:i + 3]) for i in range(0, len(data), 3)]
+    for _ in range(2):
+        got = [b for b in ours]
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert_same(a, b)
+        del got
+    st = ours.stats()
+    assert st["ring"] and st["ring_hits"] + st["ring_fallbacks"] == 8
