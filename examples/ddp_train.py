@@ -100,6 +100,7 @@ def main() -> None:
                        "slowest_rank": report.get("slowest_rank"), "rank_wait_s": report.get("rank_wait_s"),
                        "epochs": args.epochs, "samples": args.samples}, f)
     prefetcher.close()
+    dist.barrier()  # no rank tears the group down while another is still using it
     dist.destroy_process_group()
 
 
