@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from fastcollate._tree import iter_tensors
+
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().resolve_conj().resolve_neg().contiguous()
@@ -39,10 +41,4 @@ def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = Tr
 
 
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict) or hasattr(obj, "items"):
-        return [t for v in obj.values() for t in tensor_leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensor_leaves(v)]
-    return []
+    return list(iter_tensors(obj))
