@@ -54,10 +54,23 @@ def _cuda_decision():
     return True, "torch has CUDA and nvcc is present (no GPU visible; kernels built anyway)"
 
 
+DEFAULT_ARCHS = "8.0;9.0;10.0+PTX"  # A100, H100/H200, B200, and PTX for what comes after
+
+
+def _arch_list(with_cuda: bool) -> str:
+    """TORCH_CUDA_ARCH_LIST as the build will use it. With no GPU visible (a CI or build
+    machine), torch's own detection has no device to ask and fails: a default list is set."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if with_cuda and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
+        return f"{DEFAULT_ARCHS} (default: no GPU visible)"
+    return "auto (the visible GPUs)" if with_cuda else "n/a"
+
+
 WITH_CUDA, WHY = _cuda_decision()
 print(f"fastcollate build: {'CPU+CUDA' if WITH_CUDA else 'CPU only'} ({WHY}); "
-      f"MAX_JOBS={os.environ.get('MAX_JOBS', 'auto')}, "
-      f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', 'auto')}")
+      f"MAX_JOBS={os.environ.get('MAX_JOBS', 'auto')}, TORCH_CUDA_ARCH_LIST={_arch_list(WITH_CUDA)}")
 
 opt = ["-O0", "-g"] if DEBUG else ["-O3"]
 cxx_flags = opt + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]

@@ -97,6 +97,7 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
 void register_ring_ops(pybind11::module_& m);
 #if FASTCOLLATE_WITH_CUDA
 void register_cuda_ops(pybind11::module_& m);
+void register_host_ops(pybind11::module_& m);
 #endif
 
 }  // namespace fastcollate
@@ -119,6 +120,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fc::register_ring_ops(m);
 #if FASTCOLLATE_WITH_CUDA
   fc::register_cuda_ops(m);
+  fc::register_host_ops(m);
 #endif
   m.attr("align") = fc::kLeafAlign;
 }

@@ -2,7 +2,7 @@
 // process of a DataLoader maps: lock-free atomics work across processes on shared memory.
 //   ctrl[0..7]  counters: 0 hits, 1 full (no free slot), 2 oversize, 3 bytes, 4 K, 5 claim hint
 //   ctrl[8+i]   slot i: 0 free, >0 the pid of the worker that filled it, -1 held by the main
-//               process's views (freed by their storage's deleter)
+//               process (its views, then -- for page-locked rings -- the copies still reading it)
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -32,17 +32,34 @@ std::atomic<int64_t>& state(const at::Tensor& ctrl, int64_t slot) {
   return words(ctrl)[kHeader + slot];
 }
 
-// Keeps the ring and control mappings alive as long as a batch's views do.
+// Keeps the ring and control mappings alive as long as a batch's views do. `on_release`, when
+// set (page-locked rings), decides when the slot is free again: an asynchronous copy may still
+// be reading it after the last view has died, so Python records a fence and frees it later.
 struct SlotLease {
   at::Tensor ring;
   at::Tensor ctrl;
   int64_t slot;
+  PyObject* on_release;  // owned reference, or nullptr
 };
 
 void end_lease(void* ctx) {
   std::unique_ptr<SlotLease> lease(static_cast<SlotLease*>(ctx));
-  int64_t expected = kMain;
-  words(lease->ctrl)[kHeader + lease->slot].compare_exchange_strong(expected, 0);
+  if (lease->on_release == nullptr) {
+    int64_t expected = kMain;
+    words(lease->ctrl)[kHeader + lease->slot].compare_exchange_strong(expected, 0);
+    return;
+  }
+  // The slot stays held (-1) unless the hook frees it: a lost fence leaks a slot, never reuses
+  // one early. The deleter may run on any thread, with or without the GIL.
+  if (!Py_IsInitialized()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallFunction(lease->on_release, "L", static_cast<long long>(lease->slot));
+  if (r == nullptr) {
+    PyErr_WriteUnraisable(lease->on_release);
+  }
+  Py_XDECREF(r);
+  Py_DECREF(lease->on_release);
+  PyGILState_Release(gil);
 }
 
 }  // namespace
@@ -80,7 +97,7 @@ std::vector<int64_t> ring_states(const at::Tensor& ctrl) {
 // The main process takes slot `slot` (filled by worker `from`) for a batch: a uint8 tensor over
 // its bytes whose storage, when the last view dies, frees the slot.
 at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t slot, int64_t from, int64_t slot_bytes,
-                      int64_t nbytes) {
+                      int64_t nbytes, py::handle on_release) {
   TORCH_CHECK(ring.device().is_cpu() && ring.scalar_type() == at::kByte && ring.is_contiguous(),
               "fastcollate ring: the ring must be a contiguous uint8 CPU tensor");
   TORCH_CHECK(nbytes >= 0 && nbytes <= slot_bytes && (slot + 1) * slot_bytes <= ring.numel(),
@@ -88,7 +105,8 @@ at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t sl
   TORCH_CHECK(ring_transfer(ctrl, slot, from, kMain), "fastcollate ring: slot ", slot, " is not held by pid ", from,
               " (state ", state(ctrl, slot).load(), ")");
   uint8_t* data = ring.data_ptr<uint8_t>() + slot * slot_bytes;
-  auto lease = std::make_unique<SlotLease>(SlotLease{ring, ctrl, slot});
+  PyObject* hook = on_release.is_none() ? nullptr : on_release.inc_ref().ptr();
+  auto lease = std::make_unique<SlotLease>(SlotLease{ring, ctrl, slot, hook});
   c10::DataPtr ptr(data, lease.release(), &end_lease, c10::Device(c10::DeviceType::CPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr, false);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -104,7 +122,8 @@ void register_ring_ops(pybind11::module_& m) {
   m.def("ring_add", &ring_add);
   m.def("ring_states", &ring_states);
   m.def("ring_lease", &ring_lease, pybind11::arg("ring"), pybind11::arg("ctrl"), pybind11::arg("slot"),
-        pybind11::arg("from_"), pybind11::arg("slot_bytes"), pybind11::arg("nbytes"));
+        pybind11::arg("from_"), pybind11::arg("slot_bytes"), pybind11::arg("nbytes"),
+        pybind11::arg("on_release") = pybind11::none());
   m.attr("ring_header") = kHeader;
 }
 

@@ -10,6 +10,7 @@ from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim
 from .loader import DataLoader
 from .monitor import StallMonitor
 from .prefetch import CudaPrefetcher
+from .ring import RingCollator
 from .sampler import LengthGroupedSampler, padding_fraction
 from .train import EpochStats, train_one_epoch
 from .tune import TuneResult, tune_loader
@@ -22,6 +23,7 @@ __all__ = [
     "DataLoader",
     "EpochStats",
     "LengthGroupedSampler",
+    "RingCollator",
     "StallMonitor",
     "TuneResult",
     "backend",

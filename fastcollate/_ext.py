@@ -9,6 +9,7 @@ from types import ModuleType
 import torch  # noqa: F401  (loads libc10/libtorch, which _C links against)
 
 logger = logging.getLogger("fastcollate")
+logger.addHandler(logging.NullHandler())  # a library logs; the application decides what is shown
 
 _C: ModuleType | None
 try:

@@ -87,6 +87,19 @@ def _summary(batch: Any, limit: int = 300) -> str:
     return f"{n} samples; {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
+def _report(exc: Exception, batch: Any) -> None:
+    """The batch's shape summary, once. In a DataLoader worker it rides on the exception (a note,
+    shown in the traceback torch re-raises in the main process) instead of a log line per
+    worker; in the main process it is logged. The library's logger has a NullHandler: nothing
+    reaches stderr unless the application configured logging."""
+    summary = _summary(batch)
+    if get_worker_info() is not None:
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"fastcollate: the batch: {summary}")
+        return
+    logger.error("collate failed: %s: %s [%s]", type(exc).__name__, exc, summary)
+
+
 class Collator:
     """A drop-in ``collate_fn``: default_collate's result, every tensor leaf a view of one arena.
 
@@ -167,7 +180,7 @@ class Collator:
             return self._collate(batch, worker_alloc)
         except Exception as exc:
             _count(f"errors.{type(exc).__name__}")
-            logger.error("collate failed: %s: %s [%s]", type(exc).__name__, exc, _summary(batch))
+            _report(exc, batch)
             raise
 
     @property

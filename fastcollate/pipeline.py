@@ -61,18 +61,23 @@ def _produce(source: Iterable, stage: Callable[[Any], Any], q: "queue.Queue", st
             continue
 
 
+def _drain(q: "queue.Queue") -> None:
+    try:  # discarded items are dropped here, one by one (a held copy waits in its __del__)
+        while True:
+            q.get_nowait()
+    except queue.Empty:
+        pass
+
+
 def _shutdown(q: "queue.Queue", stop: threading.Event, thread: threading.Thread, timeout: float) -> None:
     stop.set()
     deadline = time.monotonic() + timeout
     while thread.is_alive() and time.monotonic() < deadline:
-        try:  # make room so a blocked put() returns and sees the stop
-            while True:
-                q.get_nowait()
-        except queue.Empty:
-            pass
+        _drain(q)  # make room so a blocked put() returns and sees the stop
         if thread is threading.current_thread():
             return
         thread.join(timeout=0.05)
+    _drain(q)  # what the thread put after the last drain: released now, not with the epoch
 
 
 class Epoch:

@@ -24,7 +24,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+        return torch.device("cuda", _local_ordinal())
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -32,6 +32,16 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def _local_ordinal() -> int:
+    """LOCAL_RANK when it names a visible GPU; else the current device (each rank sees one GPU
+    when the launcher sets CUDA_VISIBLE_DEVICES per rank)."""
+    try:
+        rank = int(os.environ.get("LOCAL_RANK", ""))
+    except ValueError:
+        rank = -1
+    return rank if 0 <= rank < torch.cuda.device_count() else torch.cuda.current_device()
 
 
 class _Iterator:
@@ -87,7 +97,7 @@ class CudaPrefetcher:
         self._bytes = self._single = self._leafwise = 0
         self._h2d_ms = 0.0
         self._pending: list = []
-        self._holds: collections.deque = collections.deque()  # (ready event, host batch)
+        self._holds: collections.deque = collections.deque()  # transport.Held, in copy order
         self._current: weakref.ref | None = None
         if self.device.type == "cuda":
             self._transport: Any = CudaTransport(self.device, transform, copy_threads or min(4, _cores()))
@@ -151,8 +161,9 @@ class CudaPrefetcher:
             with self._lock:
                 self._pending.append(d.timing)
                 self._drain_timings()
-                self._holds.append((d.ready, d.hold))
-                while self._holds and self._holds[0][0].query():  # in order: copies complete in order
+                if d.hold is not None:
+                    self._holds.append(d.hold)
+                while self._holds and self._holds[0].done():  # one side stream: copies complete in order
                     self._holds.popleft()
         return d.batch
 
@@ -174,8 +185,7 @@ class CudaPrefetcher:
         self._current = None
         with self._lock:
             while self._holds:  # not the hot path: wait for the last copies out of held host memory
-                ready, _ = self._holds.popleft()
-                ready.synchronize()
+                self._holds.popleft().wait()
 
     def __enter__(self) -> "CudaPrefetcher":
         return self
@@ -198,10 +208,16 @@ class CudaPrefetcher:
 
 
 def _pinned_bytes() -> int:
+    """Bytes of pinned blocks torch's caching host allocator owns (-1 where torch has no such stat).
+    The flattened key is ``allocated_bytes.current`` (torch 2.13); older releases nest a pool name."""
     stats = getattr(torch.cuda, "host_memory_stats", None)
     if stats is None:
         return -1
     try:
-        return int(stats().get("allocated_bytes.all.current", -1))
+        flat = stats()
     except RuntimeError:
         return -1
+    for key in ("allocated_bytes.current", "allocated_bytes.all.current"):
+        if key in flat:
+            return int(flat[key])
+    return -1

@@ -58,6 +58,10 @@ def _first_odd_sample(batch: Sequence[Any]) -> str:
     return ""
 
 
+_UNSUPPORTED = ("Batches of {kind} tensors are not currently supported by the default collate_fn; "
+                "please provide a custom collate_fn to handle them appropriately.")
+
+
 def _in_worker() -> bool:
     return get_worker_info() is not None
 
@@ -67,16 +71,12 @@ def _in_worker() -> bool:
 
 def _tensors(batch, path, worker, shared):
     elem = batch[0]
-    if elem.is_nested:
-        raise RuntimeError(
-            f"{_where(path)}: sample 0 is a nested tensor; batches of nested tensors are not "
-            "supported by default_collate: pass a custom collate_fn (or fastcollate's pad=) for them"
-        )
+    if elem.is_nested:  # torch's words first (code and tests match them), then where
+        raise RuntimeError(_UNSUPPORTED.format(kind="nested") + f" (fastcollate: {_where(path)}: sample 0 is a "
+                           "nested tensor; fastcollate's pad= pads variable-length leaves)")
     if elem.layout in _SPARSE:
-        raise RuntimeError(
-            f"{_where(path)}: sample 0 is a sparse tensor ({elem.layout}); batches of sparse tensors "
-            "are not supported by default_collate: pass a custom collate_fn for them"
-        )
+        raise RuntimeError(_UNSUPPORTED.format(kind="sparse") + f" (fastcollate: {_where(path)}: sample 0 is a "
+                           f"sparse tensor, {elem.layout})")
     for i, t in enumerate(batch):  # types first: torch.stack rejects a non-tensor before shapes
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{_where(path)}: sample {i} is {_type_name(t)}, sample 0 is a Tensor")

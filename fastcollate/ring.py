@@ -1,17 +1,24 @@
-"""The worker ring: K slots of shared memory owned by the main process, pre-faulted once, that
+"""The worker ring: K slots of one shared segment, made by the loader in the main process, that
 DataLoader workers collate straight into. What crosses the worker queue is a RingHandle (slot,
-layout, non-tensor leaves); the main process rebuilds the batch as views over its own mapping.
+layout, non-tensor leaves) that turns itself into the batch when it is unpickled in the main
+process -- views over that process's mapping of the slot -- so any DataLoader class that carries
+the collate function (torch's, accelerate's, Lightning's re-created ones, StatefulDataLoader)
+gets real batches and keeps the ring.
 
-Slot states live in a shared control block of int64 atomics (csrc/ring.cpp): free, filled by
-a worker (its pid), or held by the main process's views -- freed by their storage's deleter
-when the last view dies. A worker never waits for a slot: with none free, or a batch larger
-than a slot, it collates into an ordinary shared arena (counted). A handle dropped unread
-(a loader reset discarding prefetched batches) frees its slot; slots of dead workers are
-reclaimed at epoch boundaries and on errors.
+The segment is a sparse memfd: nothing is allocated or faulted when it is made, a page is
+allocated by the worker that first writes it, and a slot costs its page faults once, on its
+first batch; every later batch in it costs none. Slot states live in a shared control block of
+int64 atomics (csrc/ring.cpp): free, filled by a worker (its pid), or held by the main process
+(its views; for a page-locked ring also the copies still reading it, see fastcollate.pinning).
+A worker never waits for a slot: with none free, or a batch larger than a slot, it collates
+into an ordinary shared arena (counted). Slots of dead workers are reclaimed by the next worker
+that finds the ring full and at each new epoch.
 """
 from __future__ import annotations
 
+import functools
 import os
+import time
 import uuid
 import weakref
 from typing import Any
@@ -20,11 +27,13 @@ import torch
 
 from . import _ext
 from ._tree import map_tensors
-from .collate import Collator, _alloc_shared
+from .collate import Collator, _alloc_shared, _default as _DEFAULT_COLLATOR
+from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
 _RINGS: "weakref.WeakValueDictionary[str, Ring]" = weakref.WeakValueDictionary()
 _COUNTERS = ("hits", "full", "oversize", "bytes")
 SLOT_ALIGN = 64 << 10
+_MAIN = -1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -41,40 +50,64 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _shared(n: int, dtype: torch.dtype) -> torch.Tensor:
-    storage = torch.UntypedStorage._new_shared(n * torch.empty((), dtype=dtype).element_size())
-    return torch.empty(0, dtype=dtype).set_(storage)
+def _segment(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over shared memory that torch can send to workers (fd passing): a sparse
+    memfd where Linux has one (no pages until written, no /dev/shm quota), else torch's own
+    shared segment (allocated up front)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("fastcollate-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
+        finally:
+            os.close(fd)
+    else:  # pragma: no cover - not Linux
+        storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _free_held(ctrl: torch.Tensor, slot: int) -> None:
+    _ext._C.ring_transfer(ctrl, slot, _MAIN, 0)
 
 
 class Ring:
-    def __init__(self, slots: int, slot_bytes: int, *, register_cuda: bool = False) -> None:
+    """K slots of ``slot_bytes`` each. ``pin``: page-lock each slot in the owning process when
+    it first holds a batch (CUDA), and free slots only after the copies that may read them have
+    completed (``fence``: a factory of objects with ``query()``/``synchronize()``, default a CUDA
+    event on the current stream; tests inject doubles, with ``registrar`` for the page-locking)."""
+
+    def __init__(self, slots: int, slot_bytes: int, *, pin: bool = False, fence: FenceFactory | None = None,
+                 registrar: Any = None) -> None:
         if slots < 1 or slot_bytes < 1:
             raise ValueError(f"fastcollate ring: need slots >= 1 and slot_bytes >= 1, got {slots}, {slot_bytes}")
         self.id = uuid.uuid4().hex
         self.slots = int(slots)
         self.slot_bytes = int(-(-slot_bytes // SLOT_ALIGN) * SLOT_ALIGN)
-        # file_descriptor sharing: the segment is unlinked at creation, no name stays behind
-        self.mem = _shared(self.slots * self.slot_bytes, torch.uint8)
-        self.mem.fill_(0)  # pre-fault every page once, here, not per batch
-        self.ctrl = _shared(_ext._C.ring_header + self.slots, torch.int64)
-        self.ctrl.zero_()
+        self.mem = _segment(self.slots * self.slot_bytes)
+        self.ctrl = _segment((_ext._C.ring_header + self.slots) * 8).view(torch.int64)  # zero-filled
         self.ctrl[4] = self.slots
         self.owner = os.getpid()
-        self.registered = False
-        if register_cuda and torch.cuda.is_available():
-            # page-locked once: pin_memory costs no copy, the prefetcher's H2D reads the slot
-            err = torch.cuda.cudart().cudaHostRegister(self.mem.data_ptr(), self.mem.numel(), 0)
-            self.registered = int(err) == 0
+        self.pin_requested = bool(pin)
+        can_pin = pin and (registrar is not None or torch.cuda.is_available())
+        self.registrations = Registrations(self.mem, self.slot_bytes, registrar) if can_pin else None
+        if fence is None and can_pin:
+            fence = cuda_fence
+        self.fenced = fence is not None
+        self.fences = Fences(fence, functools.partial(_free_held, self.ctrl), keep=self.registrations) \
+            if fence is not None else None
         _RINGS[self.id] = self
 
     def __getstate__(self) -> dict[str, Any]:
         # tensors travel as torch shares them (fd passing under spawn; inherited under fork)
-        return {k: getattr(self, k) for k in ("id", "slots", "slot_bytes", "mem", "ctrl", "owner")}
+        return {k: getattr(self, k) for k in ("id", "slots", "slot_bytes", "mem", "ctrl", "owner", "fenced")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.registered = False
-        _RINGS[self.id] = self
+        self.pin_requested, self.registrations, self.fences = False, None, None  # workers never lease
+        _RINGS.setdefault(self.id, self)
+
+    def __repr__(self) -> str:
+        return f"Ring({self.slots} x {self.slot_bytes} bytes, pinned={self.pinned})"
 
     # -- worker side
     def claim(self) -> int:
@@ -87,6 +120,21 @@ class Ring:
         _ext._C.ring_add(self.ctrl, _COUNTERS.index(name), value)
 
     # -- main side
+    def lease(self, slot: int, tag: int, nbytes: int) -> torch.Tensor:
+        """The bytes of a filled slot as a uint8 tensor whose storage frees the slot when its
+        last view dies (after a fence, for a fenced ring)."""
+        if os.getpid() != self.owner:
+            raise RuntimeError(f"fastcollate ring: a batch of ring {self.id[:8]} reached process {os.getpid()}, "
+                               f"which did not make the ring (pid {self.owner})")
+        if self.registrations is not None:
+            self.registrations.ensure(slot, nbytes)
+        hook = self.fences.release if self.fences is not None else None
+        return _ext._C.ring_lease(self.mem, self.ctrl, slot, tag, self.slot_bytes, nbytes, hook)
+
+    def poll(self) -> int:
+        """Free the slots whose fences have completed (never blocks)."""
+        return self.fences.poll() if self.fences is not None else 0
+
     def states(self) -> list[int]:
         return list(_ext._C.ring_states(self.ctrl))
 
@@ -101,18 +149,26 @@ class Ring:
                 n += 1
         return n
 
+    @property
+    def pinned(self) -> bool | str:
+        """False (not asked), True (slots page-locked as they are used), or why pinning is off."""
+        if not self.pin_requested:
+            return False
+        if self.registrations is None:
+            return "CUDA is not available"
+        return True if self.registrations.active else self.registrations.error
+
     def stats(self) -> dict[str, Any]:
+        self.poll()
         c = self.ctrl[:4].tolist()
         st = self.states()
+        pending = len(self.fences) if self.fences is not None else 0
         return {"ring_hits": c[0], "ring_full": c[1], "ring_oversize": c[2], "ring_fallbacks": c[1] + c[2],
                 "ring_bytes": c[3], "ring_slots": self.slots, "ring_slot_bytes": self.slot_bytes,
-                "ring_slots_free": st.count(0), "ring_slots_held": sum(1 for s in st if s < 0),
-                "ring_slots_filled": sum(1 for s in st if s > 0), "ring_registered": self.registered}
-
-    def close(self) -> None:
-        if self.registered and all(s == 0 for s in self.states()):
-            torch.cuda.cudart().cudaHostUnregister(self.mem.data_ptr())
-            self.registered = False
+                "ring_slots_free": st.count(0), "ring_slots_held": sum(1 for s in st if s < 0) - pending,
+                "ring_slots_pending": pending, "ring_slots_filled": sum(1 for s in st if s > 0),
+                "ring_pinned": self.pinned,
+                "ring_pinned_bytes": self.registrations.pinned_bytes() if self.registrations is not None else 0}
 
 
 class _Leaf:
@@ -128,45 +184,62 @@ class _Leaf:
 
 
 class RingHandle:
-    """What a worker sends for a batch in a ring slot."""
+    """What a worker sends for a batch in a ring slot; unpickled, it is the batch itself."""
+
+    __slots__ = ("ring_id", "slot", "tag", "nbytes", "tree")
 
     def __init__(self, ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> None:
         self.ring_id, self.slot, self.tag, self.nbytes, self.tree = ring_id, slot, tag, nbytes, tree
-        self._live = False  # true only in the process that received it
 
     def __reduce__(self):
-        return (_received, (self.ring_id, self.slot, self.tag, self.nbytes, self.tree))
-
-    def materialize(self) -> Any:
-        ring = _RINGS[self.ring_id]
-        lease = _ext._C.ring_lease(ring.mem, ring.ctrl, self.slot, self.tag, ring.slot_bytes, self.nbytes)
-        self._live = False
-        storage = lease.untyped_storage()
-
-        def view(leaf: _Leaf) -> torch.Tensor:
-            item = torch.empty((), dtype=leaf.dtype).element_size()
-            return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // item, leaf.shape)
-
-        return map_tensors(self.tree, view, _Leaf)
-
-    def __del__(self) -> None:
-        if self._live:  # dropped unread: give the slot back
-            try:
-                ring = _RINGS.get(self.ring_id)
-                if ring is not None:
-                    ring.free(self.slot, self.tag)
-            except Exception:  # pragma: no cover - interpreter shutdown
-                pass
+        return (_rebuild, (self.ring_id, self.slot, self.tag, self.nbytes, self.tree))
 
 
-def _received(ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> RingHandle:
-    h = RingHandle(ring_id, slot, tag, nbytes, tree)
-    h._live = True
-    return h
+def _ring(ring_id: str) -> Ring:
+    ring = _RINGS.get(ring_id)
+    if ring is None:
+        raise RuntimeError(f"fastcollate ring: batch for ring {ring_id[:8]} arrived after its loader and every "
+                           f"copy of its collate_fn were gone (pid {os.getpid()})")
+    return ring
+
+
+def _rebuild(ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> Any:
+    ring = _ring(ring_id)
+    storage = ring.lease(slot, tag, nbytes).untyped_storage()
+    ring.poll()
+
+    def view(leaf: _Leaf) -> torch.Tensor:
+        item = torch.empty((), dtype=leaf.dtype).element_size()
+        return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // item, leaf.shape)
+
+    return map_tensors(tree, view, _Leaf)
+
+
+class _Polled:
+    """A fenced ring's fallback batch: unpickled, it is the batch, and the ring frees the slots
+    whose fences have completed (without ring batches arriving, nothing else would)."""
+
+    __slots__ = ("ring_id", "batch")
+
+    def __init__(self, ring_id: str, batch: Any) -> None:
+        self.ring_id, self.batch = ring_id, batch
+
+    def __reduce__(self):
+        return (_rebuild_polled, (self.ring_id, self.batch))
+
+
+def _rebuild_polled(ring_id: str, batch: Any) -> Any:
+    ring = _RINGS.get(ring_id)
+    if ring is not None and os.getpid() == ring.owner:
+        ring.poll()
+    return batch
 
 
 class _SlotAlloc:
     """The worker's arena allocator: a free slot when the batch fits, else a shared arena."""
+
+    RECLAIM_EVERY_S = 1.0
+    _last_reclaim = 0.0
 
     def __init__(self, ring: Ring) -> None:
         self.ring = ring
@@ -176,6 +249,10 @@ class _SlotAlloc:
     def __call__(self, nbytes: int) -> torch.Tensor:
         if nbytes <= self.ring.slot_bytes:
             slot = self.ring.claim()
+            if slot < 0 and time.monotonic() - _SlotAlloc._last_reclaim > self.RECLAIM_EVERY_S:
+                _SlotAlloc._last_reclaim = time.monotonic()  # a full ring may hold a dead worker's slots
+                if self.ring.reclaim_dead():
+                    slot = self.ring.claim()
             if slot >= 0:
                 self.slot, self.nbytes = slot, nbytes
                 return self.ring.slot_view(slot, nbytes)
@@ -186,17 +263,33 @@ class _SlotAlloc:
 
 
 class RingCollator:
-    """collate_fn of fastcollate.DataLoader: in a worker with a ring, a RingHandle; else a batch."""
+    """The ``collate_fn`` of a ``fastcollate.DataLoader`` with workers: ``inner`` (what you gave
+    the loader, ``fastcollate.collate`` by default) everywhere, and in a DataLoader worker the
+    same batch written into a ring slot. A complete collate_fn in any loader: a framework that
+    re-creates the loader from its attributes keeps the ring.
 
-    def __init__(self, collator: Collator) -> None:
-        self.collator = collator
-        self.ring: Ring | None = None
+    >>> import fastcollate
+    >>> loader = fastcollate.DataLoader(list(range(8)), batch_size=4, num_workers=2)
+    >>> loader.collate_fn.inner is fastcollate.collate
+    True
+    """
+
+    def __init__(self, inner: Any, ring: Ring) -> None:
+        self.inner = inner
+        self.collator: Collator = inner if isinstance(inner, Collator) else _DEFAULT_COLLATOR
+        self.ring = ring
+
+    def __repr__(self) -> str:
+        return f"RingCollator({getattr(self.inner, '__qualname__', None) or self.inner!r}, {self.ring!r})"
+
+    def stats(self) -> dict[str, Any]:
+        return self.ring.stats()
 
     def __call__(self, batch: Any) -> Any:
         from torch.utils.data import get_worker_info
 
         ring = self.ring
-        if ring is None or get_worker_info() is None or not self.collator.compiled:
+        if get_worker_info() is None or not self.collator.compiled:
             return self.collator(batch)
         alloc = _SlotAlloc(ring)
         try:
@@ -205,8 +298,8 @@ class RingCollator:
             if alloc.slot >= 0:
                 ring.free(alloc.slot, os.getpid())
             raise
-        if alloc.slot < 0:
-            return out  # fallback: an ordinary shared-memory batch
+        if alloc.slot < 0:  # fallback: an ordinary shared-memory batch
+            return _Polled(ring.id, out) if ring.fenced else out
         ring_storage = ring.mem.untyped_storage().data_ptr()
         slot_start = alloc.slot * ring.slot_bytes
 
@@ -221,6 +314,3 @@ class RingCollator:
         ring.count("bytes", alloc.nbytes)
         return RingHandle(ring.id, alloc.slot, os.getpid(), alloc.nbytes, tree)
 
-
-def materialize(data: Any) -> Any:
-    return data.materialize() if isinstance(data, RingHandle) else data

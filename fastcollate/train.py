@@ -107,13 +107,24 @@ def _grad_norm(params: list[torch.Tensor], max_norm: float | None) -> torch.Tens
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+def resolve_amp_dtype(amp_dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype ``train_one_epoch`` uses: None for no autocast."""
+    if isinstance(amp_dtype, str):
+        if amp_dtype != "auto":
+            raise ValueError(f"train_one_epoch: amp_dtype must be a dtype, None or 'auto', got {amp_dtype!r}")
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return None if amp_dtype in (None, torch.float32) else amp_dtype
+
+
 def train_one_epoch(
     model: torch.nn.Module,
     loader: Iterable,
     optimizer: torch.optim.Optimizer,
     *,
     device: str | torch.device | None = None,
-    amp_dtype: torch.dtype | None = torch.bfloat16,
+    amp_dtype: torch.dtype | str | None = "auto",
     scaler: Any = "auto",
     max_grad_norm: float | None = 1.0,
     accumulation_steps: int = 1,
@@ -128,7 +139,10 @@ def train_one_epoch(
     Args:
         device: where the model runs (default: its parameters' device); CPU batches are moved
             there with ``non_blocking=True`` (a CudaPrefetcher already delivers them there).
-        amp_dtype: autocast dtype (bfloat16, float16) or None/float32 for no autocast.
+        amp_dtype: autocast dtype (bfloat16, float16), None/float32 for no autocast, or ``"auto"``
+            (default): bfloat16 on a GPU that supports it, float16 (with a GradScaler) on one that
+            does not, no autocast on the CPU (bf16 autocast there is slower without native bf16
+            and changes the numbers).
         scaler: ``"auto"`` makes a GradScaler for float16 only; or a GradScaler, or None.
         accumulation_steps: micro-steps per optimizer step; the loss is divided by it; DDP's
             ``no_sync()`` on the micro-steps in between.
@@ -148,7 +162,7 @@ def train_one_epoch(
         raise ValueError(f"train_one_epoch: accumulation_steps must be >= 1, got {accumulation_steps}")
     params = [p for p in model.parameters() if p.requires_grad]
     dev = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
-    dtype = None if amp_dtype in (None, torch.float32) else amp_dtype
+    dtype = resolve_amp_dtype(amp_dtype, dev)
     if scaler == "auto":
         scaler = torch.amp.GradScaler(dev.type) if dtype == torch.float16 else None
     if scaler is not None and any(p.dtype == torch.float16 for p in params):

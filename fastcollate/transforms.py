@@ -1,7 +1,9 @@
 """Batch transforms that run where the batch is: on the prefetcher's side stream on the GPU, or
 on the CPU. Normalize fuses uint8 -> float, (x / scale - mean) / std and channels_last into one
 CUDA kernel when the extension was built with CUDA; the torch path computes the same values
-(same fp32 operations in the same order) everywhere else."""
+(the same fp32 true divisions and subtraction, in the same order) everywhere else. Its constants
+are tensors, the scale included: CUDA turns a division by a Python scalar into a multiplication
+by the reciprocal, which can differ from the kernel's division in the last bit."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -48,7 +50,7 @@ class Normalize:
         self.keys = list(keys)
         self.channels_last = bool(channels_last)
         self.scale = float(scale)
-        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._consts: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
         return (f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype}, keys={self.keys}, "
@@ -81,18 +83,25 @@ class Normalize:
         return self._torch(x)
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
-        mean, std = self._constants(x.device)
+        mean, std, scale = self._constants(x.device)
         shape = (-1, 1, 1)
-        y = x.to(torch.float32).div_(self.scale).sub_(mean.view(shape)).div_(std.view(shape))
+        y = x.to(torch.float32).div_(scale).sub_(mean.view(shape)).div_(std.view(shape))
         if self.channels_last:
             return y.to(dtype=self.dtype, memory_format=torch.channels_last)
         return y.to(self.dtype)
 
-    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if device not in self._consts:
-            self._consts[device] = (torch.tensor(self.mean, dtype=torch.float32, device=device),
-                                    torch.tensor(self.std, dtype=torch.float32, device=device))
-        return self._consts[device]
-
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mean, std, scale on ``device``, made once per (device, stream) and, on CUDA, copied
+        non-blocking from pinned memory on the stream that uses them: no synchronous upload on
+        the prefetch thread's or the consumer's path, no cross-stream read before the copy."""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device, stream)
+        if key not in self._consts:
+            host = torch.tensor(self.mean + self.std + [self.scale], dtype=torch.float32)
+            if device.type == "cuda":
+                host = host.pin_memory().to(device, non_blocking=True)
+            c = len(self.mean)
+            self._consts[key] = (host[:c], host[c:2 * c], host[2 * c])
+        return self._consts[key]
 
 __all__ = ["Normalize"]

@@ -19,6 +19,33 @@ from ._tree import iter_tensors, map_tensors
 Transform = Callable[[Any], Any]
 
 
+class Held:
+    """Host memory kept alive until a copy out of it has completed. Memory that torch's caching
+    host allocator did not hand out (a page-locked ring slot) is not guarded by torch: whatever
+    drops a Held -- the consumer once ``done()``, ``close()``, garbage collection, a queued batch
+    discarded at shutdown -- waits for the copy first, so nothing is released while read."""
+
+    __slots__ = ("ready", "host")
+
+    def __init__(self, ready: Any, host: Any) -> None:
+        self.ready, self.host = ready, host
+
+    def done(self) -> bool:
+        return self.ready is None or bool(self.ready.query())
+
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+    def __del__(self) -> None:
+        try:
+            if not self.done():
+                self.wait()
+        except Exception:  # pragma: no cover - interpreter shutdown: the process is going away
+            pass
+
+
 @dataclasses.dataclass
 class Delivered:
     batch: Any
@@ -27,7 +54,7 @@ class Delivered:
     timing: Any = None                # (start, end) events around the H2D copy
     nbytes: int = 0
     single_copy: bool = False
-    hold: Any = None                  # host memory to keep alive until `ready` has completed
+    hold: Held | None = None          # host memory kept alive until `ready` has completed
 
 
 def find_arena(batch: Any) -> tuple[torch.UntypedStorage, int] | None:
@@ -108,7 +135,5 @@ class CudaTransport:
             ready.record(self.stream)
         # one record_stream per device storage (views share it)
         owners = {t.untyped_storage().data_ptr(): t for t in iter_tensors(out) if t.is_cuda}
-        # Host memory that torch's caching host allocator does not guard with events (a ring
-        # slot registered with cudaHostRegister, say) must outlive the copy: the CPU batch is
-        # held until the ready event completes.
-        return Delivered(out, ready, list(owners.values()), (start, end), nbytes, arena is not None, hold=batch)
+        return Delivered(out, ready, list(owners.values()), (start, end), nbytes, arena is not None,
+                         hold=Held(ready, batch))

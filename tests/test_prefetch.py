@@ -209,3 +209,29 @@ def test_cuda_single_copy_and_values():
         assert torch.equal(got["y"].cpu(), want["y"]) and got["s"] == want["s"]
         assert got["img"].untyped_storage().data_ptr() == got["y"].untyped_storage().data_ptr()
     assert p.stats()["single_copy_batches"] == 2
+
+
+def test_pinned_bytes_reads_the_key_torch_reports(monkeypatch):
+    # torch flattens its nested host stats itself; feed that code a nested dict of torch's shape
+    import torch.cuda.memory as tcm
+
+    from fastcollate.prefetch import _pinned_bytes
+
+    assert "allocated_bytes.{current" in tcm.host_memory_stats.__doc__
+    nested = {"allocated_bytes": {"current": 12345, "peak": 99999}, "allocations": {"current": 2}}
+    monkeypatch.setattr(tcm, "host_memory_stats_as_nested_dict", lambda: nested)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", tcm.host_memory_stats)
+    assert _pinned_bytes() == 12345
+
+
+def test_local_rank_is_used_only_when_it_names_a_visible_gpu(monkeypatch):
+    from fastcollate import prefetch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU per rank (CUDA_VISIBLE_DEVICES)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert prefetch._local_ordinal() == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert prefetch._local_ordinal() == 3
+    monkeypatch.setenv("LOCAL_RANK", "junk")
+    assert prefetch._local_ordinal() == 0

@@ -1,4 +1,4 @@
-"""train_one_epoch on the CPU (CPU autocast with bfloat16)."""
+"""train_one_epoch on the CPU (no autocast by default there; bfloat16 autocast where asked)."""
 import math
 
 import pytest
@@ -207,3 +207,31 @@ def test_a_failing_step_is_logged_with_its_type_and_reraised(caplog):
         fastcollate.train_one_epoch(model, DataLoader(_data(16), batch_size=8), torch.optim.SGD(model.parameters(), lr=0.1),
                                     forward=bad_forward)
     assert any("step 1 failed: ZeroDivisionError" in r.getMessage() for r in caplog.records)
+
+
+def test_amp_dtype_auto_is_off_on_the_cpu_and_bf16_or_fp16_on_gpus(monkeypatch):
+    from fastcollate.train import resolve_amp_dtype
+
+    assert resolve_amp_dtype("auto", torch.device("cpu")) is None
+    assert resolve_amp_dtype(torch.bfloat16, torch.device("cpu")) is torch.bfloat16  # explicit: unchanged
+    assert resolve_amp_dtype(torch.float32, torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert resolve_amp_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert resolve_amp_dtype("auto", torch.device("cuda")) is torch.float16
+    with pytest.raises(ValueError, match="amp_dtype"):
+        resolve_amp_dtype("bf16", torch.device("cpu"))
+
+
+def test_default_on_the_cpu_equals_a_float32_run_bitwise():
+    def run(**kw):
+        model, data = _mlp(), _data(64)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        loader = DataLoader(data, batch_size=16, collate_fn=fastcollate.collate)
+        stats = fastcollate.train_one_epoch(model, loader, opt, forward=fwd, **kw)
+        return stats.loss, [p.detach().clone() for p in model.parameters()]
+
+    (a, pa), (b, pb) = run(), run(amp_dtype=None)
+    assert a == b and all(torch.equal(x, y) for x, y in zip(pa, pb))
+    c, _ = run(amp_dtype=torch.bfloat16)
+    assert c != a  # bf16 autocast changes the numbers: which is why it is not the CPU default

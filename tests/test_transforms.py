@@ -13,7 +13,7 @@ from fastcollate.transforms import Normalize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # `pytest -m cuda` selects the GPU cases
 
 
 def reference(x, dtype, channels_last, scale=255.0):
@@ -72,14 +72,28 @@ def test_missing_key_and_bad_arguments():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_cuda_kernel_equals_torch_path_bitwise(dtype, channels_last):
+    """The kernel against the torch path on the CPU (same fp32 operations, true divisions) and on
+    the GPU (the scale is a tensor there too: CUDA turns a division by a Python scalar into a
+    multiplication by its reciprocal, which can differ in the last bit)."""
     assert fastcollate.cuda_kernels_built(), "the CUDA kernel was not built"
     x = torch.randint(0, 256, (4, 3, 31, 29), dtype=torch.uint8, device="cuda")
     n = Normalize(MEAN, STD, dtype=dtype, channels_last=channels_last)
     a = n.apply(x)
-    b = n._torch(x)
-    assert a.stride() == b.stride()
-    assert torch.equal(a.view(torch.int16 if dtype != torch.float32 else torch.int32),
-                       b.view(torch.int16 if dtype != torch.float32 else torch.int32))
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    for b in (n._torch(x.cpu()), n._torch(x).cpu()):
+        assert a.stride() == b.stride()
+        assert torch.equal(a.cpu().view(bits), b.view(bits))
+
+
+def test_torch_path_divides_by_a_tensor_not_a_python_scalar():
+    # what keeps the CUDA torch path bitwise equal to the kernel (see the test above)
+    n = Normalize(MEAN, STD)
+    mean, std, scale = n._constants(torch.device("cpu"))
+    assert isinstance(scale, torch.Tensor) and scale.item() == 255.0
+    x = torch.arange(3 * 4, dtype=torch.uint8).view(3, 2, 2)
+    want = ((x.double() / 255.0 - torch.tensor(MEAN, dtype=torch.float64).view(-1, 1, 1))
+            / torch.tensor(STD, dtype=torch.float64).view(-1, 1, 1)).float()
+    assert torch.allclose(n.apply(x), want, atol=1e-6, rtol=0)
 
 
 NVCC = shutil.which("nvcc") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"))
@@ -101,7 +115,7 @@ CUDA_INCLUDE = next((d for d in (os.path.join(os.environ.get("CUDA_HOME", "/usr/
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")), reason="CUDA headers not found")
-@pytest.mark.parametrize("source", ["csrc/cuda/normalize_op.cpp", "csrc/bindings.cpp"])
+@pytest.mark.parametrize("source", ["csrc/cuda/normalize_op.cpp", "csrc/cuda/host_register.cpp", "csrc/bindings.cpp"])
 def test_cuda_side_cpp_compiles(source, tmp_path):
     """The torch-facing CUDA wrapper, and the bindings as a CUDA build sees them, type-checked by
     g++ against torch's headers. A CPU wheel lacks one CMake-generated header of c10/cuda; a
