@@ -17,6 +17,14 @@ from .tune import TuneResult, tune_loader
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    if name == "StatefulDataLoader":  # torchdata is optional: imported when first asked for
+        from .loader import stateful_loader_class
+
+        return stateful_loader_class()
+    raise AttributeError(f"module 'fastcollate' has no attribute {name!r}")
+
 __all__ = [
     "Collator",
     "CudaPrefetcher",
@@ -24,6 +32,7 @@ __all__ = [
     "EpochStats",
     "LengthGroupedSampler",
     "RingCollator",
+    "StatefulDataLoader",
     "StallMonitor",
     "TuneResult",
     "backend",

@@ -117,6 +117,10 @@ class Collator:
         return_mask, mask_key, mask_dtype: a ``[B, L]`` mask (1 real, 0 padding) of the first
             padded key, ``attention_mask`` int64 by default (Hugging Face's convention).
         lengths_key: also return the per-sample lengths of the first padded key under this key.
+        pad_if_present: ``{key: pad value}`` padded when sample 0 carries the key as a sequence;
+            default: what a Hugging Face tokenizer returns beside input_ids (``attention_mask`` 0,
+            padded rather than made again; ``token_type_ids`` 0; ``special_tokens_mask`` 1).
+            ``Collator.for_tokenizer(tokenizer)`` reads the pad id and side from a tokenizer.
 
     >>> import torch, fastcollate
     >>> c = fastcollate.Collator()
@@ -139,6 +143,7 @@ class Collator:
         mask_key: Any = "attention_mask",
         mask_dtype: torch.dtype = torch.int64,
         lengths_key: Any = None,
+        pad_if_present: dict[Any, int | float] | None = None,
     ) -> None:
         if pin_memory == "auto":
             pin_memory = torch.cuda.is_available()
@@ -156,12 +161,21 @@ class Collator:
         if backend == "cpp" and _ext._C is None:
             raise RuntimeError(f"fastcollate: the compiled engine is not available: {_ext.LOAD_ERROR}")
         self.pad = None if pad is None else PadSpec.make(pad, pad_to_multiple_of, max_length, padding_side,
-                                                         return_mask, mask_key, mask_dtype, lengths_key)
-        self._pad_engine = None if self.pad is None else self.pad.engine()
+                                                         return_mask, mask_key, mask_dtype, lengths_key,
+                                                         pad_if_present)
+        self.postprocess: Any = None  # a picklable batch -> batch step (Collator.for_tokenizer's)
         self.pin_memory = pin_memory
         self.num_threads = num_threads
         self.backend = "python" if backend == "python" or _ext._C is None else "cpp"
         self._main_threads = num_threads or min(4, _cores())
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, **kwargs: Any) -> "Collator":
+        """A padding Collator that returns what Hugging Face's collators return for the same
+        rows; see :func:`fastcollate.tokenizer.for_tokenizer` for the options."""
+        from .tokenizer import for_tokenizer
+
+        return for_tokenizer(tokenizer, **kwargs)
 
     def __repr__(self) -> str:
         pad = "" if self.pad is None else f", pad={dict(self.pad.values)}"
@@ -177,7 +191,8 @@ class Collator:
             _count("disabled_batches")
             return default_collate(batch)
         try:
-            return self._collate(batch, worker_alloc)
+            out = self._collate(batch, worker_alloc)
+            return out if self.postprocess is None else self.postprocess(out)
         except Exception as exc:
             _count(f"errors.{type(exc).__name__}")
             _report(exc, batch)
@@ -192,7 +207,7 @@ class Collator:
         """The arena size a batch needs (walk only: nothing allocated or copied)."""
         if _ext._C is None:
             raise RuntimeError("fastcollate: planned_bytes needs the compiled engine")
-        return int(_ext._C.plan_bytes(batch, reference.collate_subtree, self._pad_engine))
+        return int(_ext._C.plan_bytes(batch, reference.collate_subtree, self._pad_engine(batch)))
 
     def _collate(self, batch: Sequence[Any], worker_alloc: Any = None) -> Any:
         if not self.compiled:
@@ -204,7 +219,16 @@ class Collator:
             alloc, threads = worker_alloc or _alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
-        return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine)
+        return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine(batch))
+
+    def _pad_engine(self, batch: Sequence[Any]) -> Any:
+        if self.pad is None:
+            return None
+        try:
+            elem = batch[0]
+        except (IndexError, TypeError, KeyError):
+            return self.pad.engine()  # the engine reports the empty / odd batch
+        return self.pad.engine_for(elem)
 
 
 _default = Collator()

@@ -25,7 +25,61 @@ def _ours(fn: Any) -> bool:
     return fn is _collate_fn or isinstance(fn, Collator)
 
 
-class DataLoader(tud.DataLoader[T_co]):
+class _RingLoader:
+    """The ring, for any DataLoader class whose __init__ takes torch's arguments."""
+
+    _base_signature = _SIGNATURE
+
+    def _setup(self, dataset: Any, args: tuple, kwargs: dict, ring: bool, ring_slot_bytes: int | None,
+               ring_max_bytes: int) -> dict[str, Any]:
+        bound = self._base_signature.bind(self, dataset, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        arguments.update(arguments.pop("kwargs", {}))
+        collate_fn = arguments.get("collate_fn")
+        if isinstance(collate_fn, RingCollator):  # re-created from a loader's attributes (Lightning)
+            collate_fn = collate_fn.inner
+        auto_collation = arguments.get("batch_size", 1) is not None or arguments.get("batch_sampler") is not None
+        if collate_fn is None and auto_collation:
+            collate_fn = _collate_fn
+        num_workers = arguments.get("num_workers", 0)
+        self._ring: Ring | None = None
+        if (ring and auto_collation and _ours(collate_fn) and num_workers > 0 and sys.platform.startswith("linux")
+                and _ext._C is not None):
+            self._ring = _make_ring(num_workers, arguments.get("prefetch_factor"), ring_slot_bytes, ring_max_bytes,
+                                    bool(arguments.get("pin_memory", False)))
+        arguments["collate_fn"] = RingCollator(collate_fn, self._ring) if self._ring is not None else collate_fn
+        return arguments
+
+    def _get_iterator(self) -> Any:
+        if self._ring is not None:
+            self._ring.reclaim_dead()  # slots of workers that died holding them (a killed epoch)
+            self._ring.poll()
+        return super()._get_iterator()  # type: ignore[misc]
+
+    def stats(self) -> dict[str, Any]:
+        """ring_hits, ring_fallbacks (ring_full + ring_oversize), ring_bytes, slot counts,
+        ring_pinned (False, True, or why page-locking is off) and ring_pinned_bytes."""
+        if self._ring is None:
+            return {"ring": False}
+        return {"ring": True, **self._ring.stats()}
+
+
+def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | None, max_bytes: int,
+               pin: bool) -> Ring | None:
+    slots = num_workers * (prefetch_factor or 2) + EXTRA_SLOTS
+    if slot_bytes:
+        slots = min(slots, max_bytes // slot_bytes)
+    else:
+        slot_bytes = max_bytes // slots
+    if slots < 2 or slot_bytes < 1:
+        logger.info("fastcollate.DataLoader: no ring (ring_max_bytes=%d holds fewer than 2 slots of %d bytes)",
+                    max_bytes, slot_bytes)
+        return None
+    return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
+
+
+class DataLoader(_RingLoader, tud.DataLoader[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader``; ``collate_fn`` defaults to fastcollate's
     (and, with ``batch_size=None``, to torch's ``default_convert``, as torch does).
 
@@ -54,47 +108,41 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
                  ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
-        bound = _SIGNATURE.bind(self, dataset, *args, **kwargs)
-        arguments = dict(bound.arguments)
-        arguments.pop("self")
-        collate_fn = arguments.get("collate_fn")
-        if isinstance(collate_fn, RingCollator):  # re-created from a loader's attributes (Lightning)
-            collate_fn = collate_fn.inner
-        auto_collation = arguments.get("batch_size", 1) is not None or arguments.get("batch_sampler") is not None
-        if collate_fn is None and auto_collation:
-            collate_fn = _collate_fn
-        num_workers = arguments.get("num_workers", 0)
-        self._ring: Ring | None = None
-        if (ring and auto_collation and _ours(collate_fn) and num_workers > 0 and sys.platform.startswith("linux")
-                and _ext._C is not None):
-            self._ring = self._make_ring(num_workers, arguments.get("prefetch_factor"), ring_slot_bytes,
-                                         ring_max_bytes, bool(arguments.get("pin_memory", False)))
-        arguments["collate_fn"] = RingCollator(collate_fn, self._ring) if self._ring is not None else collate_fn
-        super().__init__(**arguments)
+        super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
 
-    @staticmethod
-    def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | None, max_bytes: int,
-                   pin: bool) -> Ring | None:
-        slots = num_workers * (prefetch_factor or 2) + EXTRA_SLOTS
-        if slot_bytes:
-            slots = min(slots, max_bytes // slot_bytes)
-        else:
-            slot_bytes = max_bytes // slots
-        if slots < 2 or slot_bytes < 1:
-            logger.info("fastcollate.DataLoader: no ring (ring_max_bytes=%d holds fewer than 2 slots of %d bytes)",
-                        max_bytes, slot_bytes)
-            return None
-        return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
+    def state_dict(self) -> dict[str, Any]:
+        raise TypeError(_STATEFUL_HINT)
 
-    def _get_iterator(self) -> Any:
-        if self._ring is not None:
-            self._ring.reclaim_dead()  # slots of workers that died holding them (a killed epoch)
-            self._ring.poll()
-        return super()._get_iterator()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise TypeError(_STATEFUL_HINT)
 
-    def stats(self) -> dict[str, Any]:
-        """ring_hits, ring_fallbacks (ring_full + ring_oversize), ring_bytes, slot counts,
-        ring_pinned (False, True, or why page-locking is off) and ring_pinned_bytes."""
-        if self._ring is None:
-            return {"ring": False}
-        return {"ring": True, **self._ring.stats()}
+
+_STATEFUL_HINT = ("fastcollate.DataLoader keeps no iteration state, as torch's DataLoader; for a mid-epoch resume "
+                  "use fastcollate.StatefulDataLoader (torchdata's StatefulDataLoader with the ring; needs "
+                  "`pip install torchdata`)")
+
+
+def stateful_loader_class() -> type:
+    """fastcollate.StatefulDataLoader: torchdata's StatefulDataLoader with fastcollate's collate
+    and ring; state_dict()/load_state_dict() resume mid-epoch exactly, workers included."""
+    global _STATEFUL
+    if _STATEFUL is None:
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader as _Base
+        except ImportError as exc:
+            raise ImportError("fastcollate.StatefulDataLoader needs torchdata: pip install torchdata") from exc
+
+        class StatefulDataLoader(_RingLoader, _Base):  # type: ignore[valid-type,misc]
+            __doc__ = stateful_loader_class.__doc__
+            _base_signature = inspect.signature(_Base.__init__)
+
+            def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
+                         ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
+                super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
+
+        StatefulDataLoader.__module__ = __name__
+        _STATEFUL = StatefulDataLoader
+    return _STATEFUL
+
+
+_STATEFUL: type | None = None

@@ -13,12 +13,17 @@ Rules (the compiled engine follows them exactly):
     padded to the longest, rounded up to pad_to_multiple_of, on padding_side;
   * the mask (1 real, 0 padding; ``attention_mask``, int64 by default, like Hugging Face's) and
     the optional per-sample lengths follow the FIRST key of ``pad``; they are appended to the
-    batch dict.
+    batch dict;
+  * tokenizer rows: keys in ``optional`` (by default ``attention_mask`` 0, ``token_type_ids`` 0,
+    ``special_tokens_mask`` 1 -- what a Hugging Face tokenizer pads them with) are padded too
+    when sample 0 carries them as sequences; a mask the samples already carry is padded, not
+    made again (as ``tokenizer.pad`` does).
 """
 from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -29,6 +34,14 @@ from ._tree import rebuild_mapping
 from .reference import _rewrap, _type_name
 
 _LIST_DTYPES = {0: torch.bool, 1: torch.int64, 2: torch.float32}
+# what a Hugging Face tokenizer pads the sequences it returns beside input_ids with
+TOKENIZER_KEYS = (("attention_mask", 0), ("token_type_ids", 0), ("special_tokens_mask", 1))
+
+
+def _is_sequence(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return True
+    return (isinstance(x, torch.Tensor) or type(x).__module__ == "numpy") and getattr(x, "ndim", 0) >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +53,16 @@ class PadSpec:
     mask_key: Any = "attention_mask"
     mask_dtype: torch.dtype = torch.int64
     lengths_key: Any = None
+    optional: tuple[tuple[Any, Any], ...] = ()  # padded when sample 0 carries them as sequences
 
     @staticmethod
     def make(pad: Mapping[Any, Any], pad_to_multiple_of: int | None, max_length: int | None, padding_side: str,
-             return_mask: bool, mask_key: Any, mask_dtype: torch.dtype, lengths_key: Any) -> "PadSpec":
+             return_mask: bool, mask_key: Any, mask_dtype: torch.dtype, lengths_key: Any,
+             optional: Mapping[Any, Any] | None = None) -> "PadSpec":
         if not isinstance(pad, collections.abc.Mapping) or not pad:
             raise ValueError(f"fastcollate: pad must be a non-empty mapping key -> pad value, got {pad!r}")
-        for k, v in pad.items():
+        optional = dict(TOKENIZER_KEYS) if optional is None else dict(optional)
+        for k, v in list(pad.items()) + list(optional.items()):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ValueError(f"fastcollate: pad value for {k!r} must be an int or float, got {v!r}")
         if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
@@ -64,8 +80,22 @@ class PadSpec:
         clash = [k for k in names if k in pad]
         if clash or len(set(names)) != len(names):
             raise ValueError(f"fastcollate: mask_key/lengths_key {names} must differ from each other and from the padded keys")
+        if lengths_key is not None and lengths_key in optional:
+            raise ValueError(f"fastcollate: lengths_key {lengths_key!r} is also a key padded when present")
         return PadSpec(tuple(pad.items()), pad_to_multiple_of, max_length, padding_side,
-                       mask_key if return_mask else None, mask_dtype, lengths_key)
+                       mask_key if return_mask else None, mask_dtype, lengths_key,
+                       tuple((k, v) for k, v in optional.items() if k not in pad))
+
+    def resolve(self, elem: Any) -> "PadSpec":
+        """The spec for a batch whose sample 0 is ``elem``: the optional keys it carries as
+        sequences join the padded keys, and a mask it carries is padded rather than made."""
+        if not self.optional or not isinstance(elem, collections.abc.Mapping):
+            return self
+        present = tuple(k for k, _ in self.optional if k in elem and _is_sequence(elem[k]))
+        return _resolved(self, present) if present else self
+
+    def engine_for(self, elem: Any) -> dict[str, Any]:
+        return _engine(self.resolve(elem))
 
     def target(self, longest: int) -> int:
         if self.multiple:
@@ -73,7 +103,7 @@ class PadSpec:
         return longest
 
     def engine(self) -> dict[str, Any]:
-        """What the compiled engine reads."""
+        """What the compiled engine reads (for a resolved spec: see ``engine_for``)."""
         return {"values": list(self.values), "multiple": self.multiple or 0,
                 "max_length": -1 if self.max_length is None else self.max_length, "left": self.side == "left",
                 "mask_key": self.mask_key, "mask_dtype": self.mask_dtype, "lengths_key": self.lengths_key,
@@ -148,6 +178,13 @@ class PadSpec:
     def collate(self, batch: Sequence[Any]) -> Any:
         """The whole padded batch, in pure Python."""
         try:
+            spec = self.resolve(batch[0])
+        except (IndexError, TypeError, KeyError):
+            spec = self
+        return spec._collate_resolved(batch)
+
+    def _collate_resolved(self, batch: Sequence[Any]) -> Any:
+        try:
             elem = batch[0]
         except (IndexError, TypeError) as exc:
             raise _rewrap(exc, "fastcollate: batch: cannot collate an empty batch" if hasattr(batch, "__len__")
@@ -182,6 +219,19 @@ class PadSpec:
         if self.lengths_key is not None:
             values[self.lengths_key] = torch.tensor(first[0], dtype=torch.int64)
         return rebuild_mapping(elem, values)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(spec: PadSpec, present: tuple[Any, ...]) -> PadSpec:
+    extra = tuple((k, v) for k, v in spec.optional if k in present)
+    carried_mask = spec.mask_key is not None and spec.mask_key in present
+    return dataclasses.replace(spec, values=spec.values + extra, optional=(),
+                               mask_key=None if carried_mask else spec.mask_key)
+
+
+@functools.lru_cache(maxsize=64)
+def _engine(spec: PadSpec) -> dict[str, Any]:
+    return spec.engine()
 
 
 def _check_fits(value: Any, dtype: torch.dtype, where: str) -> None:

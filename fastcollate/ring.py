@@ -97,14 +97,16 @@ class Ring:
             if fence is not None else None
         _RINGS[self.id] = self
 
-    def __getstate__(self) -> dict[str, Any]:
-        # tensors travel as torch shares them (fd passing under spawn; inherited under fork)
-        return {k: getattr(self, k) for k in ("id", "slots", "slot_bytes", "mem", "ctrl", "owner", "fenced")}
+    def __reduce__(self):
+        from multiprocessing import context
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.pin_requested, self.registrations, self.fences = False, None, None  # workers never lease
-        _RINGS.setdefault(self.id, self)
+        if context.get_spawning_popen() is not None:
+            # a spawn/forkserver worker being started: the segment travels as torch shares it
+            # (fd passing); under fork the worker inherits the mapping and pickles nothing
+            state = {k: getattr(self, k) for k in ("id", "slots", "slot_bytes", "mem", "ctrl", "owner", "fenced")}
+            return (_worker_ring, (state,))
+        # a plain copy (pickle, deepcopy) is the same ring: never a copy of the whole segment
+        return (_same_ring, (self.id,))
 
     def __repr__(self) -> str:
         return f"Ring({self.slots} x {self.slot_bytes} bytes, pinned={self.pinned})"
@@ -169,6 +171,21 @@ class Ring:
                 "ring_slots_pending": pending, "ring_slots_filled": sum(1 for s in st if s > 0),
                 "ring_pinned": self.pinned,
                 "ring_pinned_bytes": self.registrations.pinned_bytes() if self.registrations is not None else 0}
+
+
+def _worker_ring(state: dict[str, Any]) -> Ring:
+    ring = Ring.__new__(Ring)
+    ring.__dict__.update(state)
+    ring.pin_requested, ring.registrations, ring.fences = False, None, None  # workers never lease
+    return _RINGS.setdefault(ring.id, ring)
+
+
+def _same_ring(ring_id: str) -> Ring:
+    ring = _RINGS.get(ring_id)
+    if ring is None:
+        raise RuntimeError(f"fastcollate ring {ring_id[:8]}: a copy of a RingCollator reached a process without its "
+                           "ring; only DataLoader workers (fork, spawn, forkserver) receive rings")
+    return ring
 
 
 class _Leaf:

@@ -127,7 +127,7 @@ def test_worker_mode_through_a_dataloader():
     ([{"x": torch.zeros(2, dtype=torch.uint8)}], {"pad": {"x": -100}}, ValueError, ["-100", "uint8"]),
     ([[1, 2], [3]], {}, TypeError, ["mapping"]),
     ([], {}, IndexError, ["empty"]),
-    ([{"x": [1], "attention_mask": [1]}], {}, ValueError, ["attention_mask"]),
+    ([{"x": [1], "attention_mask": 1}], {}, ValueError, ["attention_mask"]),  # carried, but not a sequence
     ([{"x": [2**70]}], {}, RuntimeError, []),
 ])
 def test_errors(impl, batch, kw, err, needles):

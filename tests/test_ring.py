@@ -10,7 +10,7 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from datasets import Mixed
+from sample_data import Mixed
 from helpers import assert_same, tensor_leaves
 
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import fastcollate
-from datasets import Mixed
+from sample_data import Mixed
 from helpers import assert_same, tensor_leaves
 
 
