@@ -4,6 +4,7 @@
 // reference, which computes default_collate's value or raises its error with the key path.
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "leaves.h"
@@ -37,6 +38,21 @@ bool same_key(PyObject* a, PyObject* b) {
   if (ha != -1 && hb != -1 && ha != hb) return false;
   return PyUnicode_Compare(a, b) == 0;
 }
+
+// A column of the fused sample-major pass (see Walker::fused_columns).
+struct FusedColumn {
+  enum Kind : uint8_t { kNone, kTensor, kFloat, kInt };
+  Kind kind = kNone;
+  bool ok = true;
+  bool all_bool = true;
+  bool bits = false;  // conjugate / negative bit: copied by a conversion
+  const at::Tensor* t0 = nullptr;
+  size_t per = 0;
+  size_t offset = 0;
+  std::vector<Conversion> conversions;
+  std::vector<double> floats;
+  std::vector<int64_t> ints;
+};
 
 class Walker {
  public:
@@ -296,9 +312,12 @@ class Walker {
       }
     }
     node.children.resize(K);
+    std::vector<char> done(K, 0);
+    if (pad == nullptr) fused_columns(node, table, K, B, done);
     std::vector<int64_t> first_lengths;
     int64_t first_L = 0;
     for (size_t k = 0; k < K; ++k) {
+      if (done[k]) continue;
       const py::object* value = pad != nullptr ? pad->value_for(node.keys[k].ptr()) : nullptr;
       if (value != nullptr) {
         std::vector<int64_t> lengths =
@@ -343,13 +362,136 @@ class Walker {
 
   void columns(Node& node, const std::vector<py::object>& fast, size_t width, int depth) {
     const size_t B = fast.size();
-    std::vector<PyObject*> column(B);
+    std::vector<PyObject*> table(width * B);  // column j is table[j*B .. j*B + B)
+    for (size_t i = 0; i < B; ++i) {
+      PyObject** items = PySequence_Fast_ITEMS(fast[i].ptr());
+      for (size_t j = 0; j < width; ++j) table[j * B + i] = items[j];
+    }
     node.children.resize(width);
+    std::vector<char> done(width, 0);
+    fused_columns(node, table, width, B, done);
     for (size_t j = 0; j < width; ++j) {
-      for (size_t i = 0; i < B; ++i) column[i] = PySequence_Fast_GET_ITEM(fast[i].ptr(), j);
+      if (done[j]) continue;
       path_.push_back(py::int_(j));
-      walk(node.children[j], Samples{column.data(), B}, Parent::Sequence, depth + 1);
+      walk(node.children[j], Samples{table.data() + j * B, B}, Parent::Sequence, depth + 1);
       path_.pop_back();
+    }
+  }
+
+  // The columns whose sample-0 value is an exact tensor, float, int or bool, placed in ONE
+  // sample-major pass: samples built by the same code allocate their leaves together, so
+  // reading each sample's values together is cache-friendly where a walk key by key touches B
+  // scattered TensorImpls and floats once per key. The checks are the column walk's own; a
+  // column with any value off its pattern is left to the column walk (done[k] stays 0), which
+  // then decides exactly as before (promotion, errors, the reference).
+  void fused_columns(Node& node, const std::vector<PyObject*>& table, size_t K, size_t B, std::vector<char>& done) {
+    std::vector<FusedColumn> cols(K);
+    size_t eligible = 0;
+    for (size_t k = 0; k < K; ++k) {
+      PyObject* v0 = table[k * B];
+      FusedColumn& c = cols[k];
+      if (THPVariable_CheckExact(v0)) {
+        const at::Tensor& t0 = THPVariable_Unpack(v0);
+        if (!plain_tensor(t0)) continue;
+        c.kind = FusedColumn::kTensor;
+        c.t0 = &t0;
+        c.per = static_cast<size_t>(t0.numel()) * t0.element_size();
+        c.bits = t0.is_conj() || t0.is_neg();
+        c.offset = plan_.reserve(c.per * B);
+      } else if (PyFloat_CheckExact(v0)) {
+        c.kind = FusedColumn::kFloat;
+        c.floats.resize(B);
+      } else if (PyBool_Check(v0) || PyLong_CheckExact(v0)) {
+        c.kind = FusedColumn::kInt;
+        c.ints.resize(B);
+      } else {
+        continue;
+      }
+      ++eligible;
+    }
+    if (eligible == 0) return;
+    // pieces go straight into the plan, in sample order (the sources are read in that order
+    // too); a column that fails takes its own back out below
+    const size_t pieces0 = plan_.pieces.size();
+    plan_.pieces.reserve(pieces0 + eligible * B);
+    bool failed_tensor = false;
+    for (size_t i = 0; i < B; ++i) {
+      for (size_t k = 0; k < K; ++k) {
+        FusedColumn& c = cols[k];
+        if (c.kind == FusedColumn::kNone || !c.ok) continue;
+        PyObject* v = table[k * B + i];
+        if (c.kind == FusedColumn::kTensor) {
+          if (!THPVariable_CheckExact(v)) {
+            c.ok = false;
+            failed_tensor = true;
+            continue;
+          }
+          const at::Tensor& t = THPVariable_Unpack(v);
+          const at::Tensor& t0 = *c.t0;
+          if (i > 0 && (t.dtype() != t0.dtype() || t.key_set() != t0.key_set() || t.sizes() != t0.sizes() ||
+                        t.requires_grad())) {
+            c.ok = false;
+            failed_tensor = true;
+            continue;
+          }
+          if (c.per == 0) continue;
+          const size_t dst = c.offset + i * c.per;
+          if (!c.bits && t.is_contiguous()) {
+            plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, c.per});
+            plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(v));
+          } else {
+            c.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst});
+          }
+        } else if (c.kind == FusedColumn::kFloat) {
+          if (PyFloat_CheckExact(v)) c.floats[i] = PyFloat_AS_DOUBLE(v);
+          else c.ok = false;
+        } else {
+          const bool b = PyBool_Check(v);
+          if (!b && !PyLong_CheckExact(v)) {
+            c.ok = false;  // IntEnum, a float...: int_leaf defers it
+            continue;
+          }
+          c.all_bool = c.all_bool && b;
+          int overflow = 0;
+          c.ints[i] = b ? (v == Py_True) : PyLong_AsLongLongAndOverflow(v, &overflow);
+          if (overflow != 0) c.ok = false;  // torch raises; the reference says where
+        }
+      }
+    }
+    if (failed_tensor) {  // rare: drop the pieces of the columns the column walk will redo
+      auto dropped = [&](const CopyPiece& p) {
+        for (const FusedColumn& c : cols) {
+          if (c.kind == FusedColumn::kTensor && !c.ok && p.dst_offset >= c.offset && p.dst_offset < c.offset + c.per * B)
+            return true;
+        }
+        return false;
+      };
+      plan_.pieces.erase(std::remove_if(plan_.pieces.begin() + pieces0, plan_.pieces.end(), dropped), plan_.pieces.end());
+    }
+    for (size_t k = 0; k < K; ++k) {
+      FusedColumn& c = cols[k];
+      if (c.kind == FusedColumn::kNone || !c.ok) continue;  // a tensor column's reservation stays as slack
+      Node& child = node.children[k];
+      done[k] = 1;
+      if (c.kind == FusedColumn::kTensor) {
+        for (auto& conv : c.conversions) plan_.conversions.push_back(std::move(conv));
+        child.kind = NodeKind::Tensor;
+        child.dtype = c.t0->scalar_type();
+        const c10::IntArrayRef sizes = c.t0->sizes();
+        child.sizes.reserve(sizes.size() + 1);
+        child.sizes.push_back(static_cast<int64_t>(B));
+        child.sizes.insert(child.sizes.end(), sizes.begin(), sizes.end());
+        child.nbytes = c.per * B;
+        child.offset = c.offset;
+        ++plan_.tensor_leaves;
+      } else if (c.kind == FusedColumn::kFloat) {
+        std::memcpy(scalar_leaf(child, at::kDouble, B), c.floats.data(), B * sizeof(double));
+      } else if (c.all_bool) {
+        uint8_t* out = scalar_leaf(child, at::kBool, B);
+        for (size_t i = 0; i < B; ++i) out[i] = static_cast<uint8_t>(c.ints[i]);
+      } else {
+        std::memcpy(scalar_leaf(child, at::kLong, B), c.ints.data(), B * sizeof(int64_t));
+      }
     }
   }
 

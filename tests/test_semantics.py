@@ -235,3 +235,54 @@ def test_custom_fn_map_entry_is_honoured():
     finally:
         del default_collate_fn_map[Box]
     assert reference.fn_map_is_stock()
+
+
+import enum  # noqa: E402
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+def _fused_cases():
+    """Samples whose simple columns go through the sample-major pass, with a column that goes
+    off its pattern part-way (it must be redone by the column walk, the others kept)."""
+    B = 9
+
+    def t(i, dtype=torch.float32):
+        return torch.full((2, 3), float(i), dtype=dtype)
+
+    cases = {}
+    cases["dict-all-simple"] = [{"a": t(i), "f": i / 3, "n": i, "b": i % 2 == 0} for i in range(B)]
+    cases["dict-dtype-changes-at-5"] = [{"a": t(i, torch.float64 if i == 5 else torch.float32), "n": i} for i in range(B)]
+    cases["dict-shape-error-at-4"] = [{"a": torch.zeros(2 if i != 4 else 3), "f": 1.0} for i in range(B)]
+    cases["dict-int-then-enum"] = [{"n": Color.RED if i == 3 else i, "a": t(i)} for i in range(B)]
+    cases["dict-int-then-float"] = [{"n": 2.5 if i == 6 else i, "a": t(i)} for i in range(B)]
+    cases["dict-float-then-int"] = [{"f": 7 if i == 2 else i + 0.5, "a": t(i)} for i in range(B)]
+    cases["dict-bools-then-int"] = [{"b": 3 if i == 8 else bool(i % 2), "a": t(i)} for i in range(B)]
+    cases["dict-int-overflow"] = [{"n": 2**70 if i == 1 else i, "a": t(i)} for i in range(B)]
+    cases["dict-not-a-tensor-at-7"] = [{"a": 1.0 if i == 7 else t(i), "n": i} for i in range(B)]
+    cases["dict-strided-and-conj"] = [{"a": torch.randn(3, 4).t(), "c": torch.randn(2, dtype=torch.cfloat).conj()}
+                                      for _ in range(B)]
+    cases["dict-requires-grad-at-2"] = [{"a": torch.ones(2, requires_grad=(i == 2)), "n": i} for i in range(B)]
+    cases["tuple-mixed"] = [(t(i), i, i * 0.25, f"s{i}") for i in range(B)]
+    cases["tuple-dtype-changes"] = [(t(i, torch.int32 if i == 3 else torch.int64), i) for i in range(B)]
+    cases["empty-tensors"] = [{"a": torch.zeros(0, 3), "n": i} for i in range(B)]
+    return cases
+
+
+FUSED = _fused_cases()
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_sample_major_pass_matches_default_collate(name):
+    batch = FUSED[name]
+    try:
+        want = default_collate(batch)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            fastcollate.collate(batch)
+        return
+    got = fastcollate.collate(batch)
+    assert_same(got, want)
+    assert_same(reference.collate(batch), want)
