@@ -19,7 +19,8 @@ class Assembler {
   py::object build(const Node& node) {
     switch (node.kind) {
       case NodeKind::Tensor:
-        return py::reinterpret_steal<py::object>(THPVariable_Wrap(arena_view(arena_, node.offset, node.dtype, node.sizes)));
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(arena_view(arena_, node.offset, node.dtype, node.sizes,
+                                                                                 node.strides)));
       case NodeKind::Object:
         return node.obj;
       case NodeKind::Dict:
@@ -90,12 +91,14 @@ class Assembler {
 
 }  // namespace
 
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes) {
+at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes,
+                      c10::IntArrayRef strides) {
   const size_t item = c10::elementSize(dtype);
   TORCH_CHECK(offset % item == 0, "fastcollate: arena offset ", offset, " is not a multiple of ", item);
   auto view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(arena.storage()), arena.key_set(),
                                                        c10::scalarTypeToTypeMeta(dtype));
-  view.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  if (strides.empty()) view.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  else view.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
   view.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>((arena.storage_offset() + offset) / item));
   return view;
 }
@@ -105,7 +108,7 @@ void run_copies(Plan& plan, const at::Tensor& arena, int num_threads) {
   copy_pieces(plan.pieces, base, num_threads);
   fill_pieces(plan.fills, base);
   for (const Conversion& c : plan.conversions) {
-    arena_view(arena, c.dst_offset, c.dtype, c.sizes).copy_(c.src);
+    arena_view(arena, c.dst_offset, c.dtype, c.sizes, c.strides).copy_(c.src);
   }
 }
 

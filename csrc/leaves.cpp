@@ -82,6 +82,13 @@ void place_tensor(Plan& plan, Node& node, const at::Tensor& t) {
   node.nbytes = t.numel() * t.element_size();
   node.offset = plan.reserve(node.nbytes);
   ++plan.tensor_leaves;
+  if (!t.is_contiguous() && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+    // torch.stack's result in channels_last (say): its dense block as it is, same strides
+    node.strides = t.strides().vec();
+    plan.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), node.offset, node.nbytes});
+    plan.keep_alive.push_back(t);
+    return;
+  }
   if (t.dim() == 0) {
     add_rows(plan, t.reshape({1}), 1, node.offset, true);
   } else {

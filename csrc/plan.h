@@ -34,6 +34,7 @@ struct Node {
   // Tensor
   at::ScalarType dtype = at::kByte;
   std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // empty: contiguous (else the memory format torch.stack gives)
   size_t offset = 0;
   size_t nbytes = 0;
   // Object
@@ -50,6 +51,7 @@ struct Conversion {
   at::ScalarType dtype;
   std::vector<int64_t> sizes;
   size_t dst_offset;
+  std::vector<int64_t> strides = {};  // of the destination view; empty: contiguous
 };
 
 struct ScalarPiece {
@@ -85,7 +87,10 @@ struct PadConfig;
 
 // Walks the batch (GIL held). defer_fn(samples, path) is the Python reference, called for
 // anything off the fast path; it returns the collated value or raises the error to report.
-Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad = nullptr);
+// keep_formats: leaves keep the memory format torch.stack gives them outside a DataLoader
+// worker (channels_last samples stay channels_last); in a worker default_collate stacks into
+// a contiguous out= tensor, so everything is contiguous there.
+Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad = nullptr, bool keep_formats = true);
 
 // Copies every leaf into the arena. Touches no Python object: call with the GIL released.
 void run_copies(Plan& plan, const at::Tensor& arena, int num_threads);
@@ -93,7 +98,8 @@ void run_copies(Plan& plan, const at::Tensor& arena, int num_threads);
 // Rebuilds the containers around views of the arena (GIL held).
 py::object assemble(Plan& plan, const at::Tensor& arena, py::handle batch);
 
-// A view of the arena: dtype, contiguous sizes, at a byte offset.
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes);
+// A view of the arena: dtype, sizes (contiguous, or the given strides), at a byte offset.
+at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes,
+                      c10::IntArrayRef strides = {});
 
 }  // namespace fastcollate

@@ -2,6 +2,7 @@
 // (which looks at sample 0 and trusts the rest) but checks every sample; anything it cannot
 // place exactly -- mixed dtypes, odd types, a shape or key mismatch -- goes to the Python
 // reference, which computes default_collate's value or raises its error with the key path.
+#include <ATen/TensorUtils.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
@@ -46,6 +47,8 @@ struct FusedColumn {
   bool ok = true;
   bool all_bool = true;
   bool bits = false;  // conjugate / negative bit: copied by a conversion
+  at::MemoryFormat fmt = at::MemoryFormat::Contiguous;
+  std::vector<int64_t> fmt_strides;  // per sample; empty: a contiguous batch
   const at::Tensor* t0 = nullptr;
   size_t per = 0;
   size_t offset = 0;
@@ -56,8 +59,8 @@ struct FusedColumn {
 
 class Walker {
  public:
-  Walker(Plan& plan, py::handle batch, py::handle defer_fn, const PadConfig* pad)
-      : plan_(plan), batch_(batch), defer_fn_(defer_fn), pad_(pad) {}
+  Walker(Plan& plan, py::handle batch, py::handle defer_fn, const PadConfig* pad, bool keep_formats)
+      : plan_(plan), batch_(batch), defer_fn_(defer_fn), pad_(pad), keep_formats_(keep_formats) {}
 
   void walk(Node& node, Samples samples, Parent parent, int depth) {
     if (depth > kMaxDepth) return defer(node, samples, parent);
@@ -117,6 +120,35 @@ class Walker {
     node.obj = std::move(result);
   }
 
+  // torch.stack(samples) outside a worker is cat(samples, 0).view(B, ...): 4-D (5-D) samples
+  // that all suggest channels_last (3d) give a batch in that format. The per-sample strides
+  // of that format, or empty for a contiguous batch (and always empty in a worker).
+  std::vector<int64_t> stack_format(const at::Tensor& t0, at::MemoryFormat* fmt) const {
+    *fmt = at::MemoryFormat::Contiguous;
+    if (!keep_formats_ || (t0.dim() != 4 && t0.dim() != 5)) return {};
+    *fmt = t0.suggest_memory_format();
+    if (*fmt == at::MemoryFormat::ChannelsLast) return c10::get_channels_last_strides_2d(t0.sizes());
+    if (*fmt == at::MemoryFormat::ChannelsLast3d) return c10::get_channels_last_strides_3d(t0.sizes());
+    return {};
+  }
+
+  // The batch's strides, as torch computes them: cat's [B*N, ...] output in `fmt`, viewed as
+  // [B, N, ...] (size-1 dims get view's strides, not the format's). Empty: contiguous.
+  static std::vector<int64_t> batch_strides(const std::vector<int64_t>& sample_strides, at::MemoryFormat fmt,
+                                            c10::IntArrayRef sizes, size_t B) {
+    if (sample_strides.empty()) return {};
+    std::vector<int64_t> cat_sizes = sizes.vec();
+    cat_sizes[0] *= static_cast<int64_t>(B);
+    const std::vector<int64_t> cat_strides = fmt == at::MemoryFormat::ChannelsLast
+                                                 ? c10::get_channels_last_strides_2d(cat_sizes)
+                                                 : c10::get_channels_last_strides_3d(cat_sizes);
+    std::vector<int64_t> out_sizes{static_cast<int64_t>(B)};
+    out_sizes.insert(out_sizes.end(), sizes.begin(), sizes.end());
+    auto out = at::detail::computeStride(cat_sizes, cat_strides, out_sizes);
+    TORCH_CHECK(out.has_value(), "fastcollate: internal: a stacked batch's strides are not a view");
+    return std::move(*out);
+  }
+
   void tensor_leaf(Node& node, Samples samples, Parent parent, bool numpy) {
     const size_t B = samples.size();
     // Borrowed: the samples' Python objects (or `made`, for numpy) own these tensors.
@@ -144,6 +176,8 @@ class Walker {
     const c10::IntArrayRef sizes = t0.sizes();
     const size_t per = static_cast<size_t>(t0.numel()) * t0.element_size();
     const bool bits = t0.is_conj() || t0.is_neg();
+    at::MemoryFormat fmt;
+    const std::vector<int64_t> fmt_strides = numpy ? std::vector<int64_t>{} : stack_format(t0, &fmt);
     const size_t offset = plan_.reserve(per * B);
     // One pass checks each sample and records its piece; a sample that does not fit rolls the
     // leaf back and defers it, so large batches touch each tensor's metadata once.
@@ -154,7 +188,8 @@ class Walker {
     for (size_t i = 0; i < B; ++i) {
       const at::Tensor& t = *ts[i];
       // another dtype means type promotion (and, in a worker, casting rules): torch decides
-      if (i > 0 && (t.dtype() != dtype0 || t.key_set() != keys0 || t.sizes() != sizes || t.requires_grad())) {
+      if (i > 0 && (t.dtype() != dtype0 || t.key_set() != keys0 || t.sizes() != sizes || t.requires_grad() ||
+                    (!fmt_strides.empty() && t.suggest_memory_format() != fmt))) {
         plan_.pieces.resize(pieces0);
         plan_.keep_objects.resize(objects0);
         plan_.keep_alive.resize(alive0);
@@ -164,15 +199,16 @@ class Walker {
       }
       if (per == 0) continue;
       const size_t dst = offset + i * per;
-      if (!bits && t.is_contiguous()) {
+      if (!bits && (fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(fmt_strides))) {
         plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, per});
         if (numpy) plan_.keep_alive.push_back(t);
         else plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
       } else {
-        plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst});
+        plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, fmt_strides});
       }
     }
     node.kind = NodeKind::Tensor;
+    node.strides = batch_strides(fmt_strides, fmt, sizes, B);
     node.dtype = t0.scalar_type();
     node.sizes.reserve(sizes.size() + 1);
     node.sizes.push_back(static_cast<int64_t>(B));
@@ -397,6 +433,7 @@ class Walker {
         c.t0 = &t0;
         c.per = static_cast<size_t>(t0.numel()) * t0.element_size();
         c.bits = t0.is_conj() || t0.is_neg();
+        c.fmt_strides = stack_format(t0, &c.fmt);
         c.offset = plan_.reserve(c.per * B);
       } else if (PyFloat_CheckExact(v0)) {
         c.kind = FusedColumn::kFloat;
@@ -429,18 +466,18 @@ class Walker {
           const at::Tensor& t = THPVariable_Unpack(v);
           const at::Tensor& t0 = *c.t0;
           if (i > 0 && (t.dtype() != t0.dtype() || t.key_set() != t0.key_set() || t.sizes() != t0.sizes() ||
-                        t.requires_grad())) {
+                        t.requires_grad() || (!c.fmt_strides.empty() && t.suggest_memory_format() != c.fmt))) {
             c.ok = false;
             failed_tensor = true;
             continue;
           }
           if (c.per == 0) continue;
           const size_t dst = c.offset + i * c.per;
-          if (!c.bits && t.is_contiguous()) {
+          if (!c.bits && (c.fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(c.fmt_strides))) {
             plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, c.per});
             plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(v));
           } else {
-            c.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst});
+            c.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, c.fmt_strides});
           }
         } else if (c.kind == FusedColumn::kFloat) {
           if (PyFloat_CheckExact(v)) c.floats[i] = PyFloat_AS_DOUBLE(v);
@@ -481,6 +518,7 @@ class Walker {
         child.sizes.reserve(sizes.size() + 1);
         child.sizes.push_back(static_cast<int64_t>(B));
         child.sizes.insert(child.sizes.end(), sizes.begin(), sizes.end());
+        child.strides = batch_strides(c.fmt_strides, c.fmt, sizes, B);
         child.nbytes = c.per * B;
         child.offset = c.offset;
         ++plan_.tensor_leaves;
@@ -537,14 +575,15 @@ class Walker {
   py::handle batch_;
   py::handle defer_fn_;
   const PadConfig* pad_;
+  const bool keep_formats_;
   std::vector<py::object> path_;
 };
 
 }  // namespace
 
-Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad) {
+Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad, bool keep_formats) {
   Plan plan;
-  Walker walker(plan, batch, defer_fn, pad);
+  Walker walker(plan, batch, defer_fn, pad, keep_formats);
   py::object fast;
   // only real sequences: PySequence_Fast would silently drain a generator default_collate rejects
   if (PySequence_Check(batch.ptr())) {

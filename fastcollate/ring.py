@@ -191,13 +191,13 @@ def _same_ring(ring_id: str) -> Ring:
 class _Leaf:
     """A tensor leaf of a ring batch: where it lies in the slot."""
 
-    __slots__ = ("offset", "dtype", "shape")
+    __slots__ = ("offset", "dtype", "shape", "stride")
 
-    def __init__(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        self.offset, self.dtype, self.shape = offset, dtype, shape
+    def __init__(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+        self.offset, self.dtype, self.shape, self.stride = offset, dtype, shape, stride
 
     def __reduce__(self):
-        return (_Leaf, (self.offset, self.dtype, self.shape))
+        return (_Leaf, (self.offset, self.dtype, self.shape, self.stride))
 
 
 class RingHandle:
@@ -227,7 +227,7 @@ def _rebuild(ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> Any:
 
     def view(leaf: _Leaf) -> torch.Tensor:
         item = torch.empty((), dtype=leaf.dtype).element_size()
-        return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // item, leaf.shape)
+        return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // item, leaf.shape, leaf.stride)
 
     return map_tensors(tree, view, _Leaf)
 
@@ -323,7 +323,7 @@ class RingCollator:
         def describe(t: torch.Tensor) -> Any:
             # the engine's views share the ring's storage; their offsets place them in the slot
             if t.device.type == "cpu" and t.untyped_storage().data_ptr() == ring_storage:
-                return _Leaf(t.storage_offset() * t.element_size() - slot_start, t.dtype, tuple(t.shape))
+                return _Leaf(t.storage_offset() * t.element_size() - slot_start, t.dtype, tuple(t.shape), t.stride())
             return t  # a leaf left outside the arena (e.g. one that requires grad): sent as torch sends it
 
         tree = map_tensors(out, describe)

@@ -66,11 +66,25 @@ def find_arena(batch: Any) -> tuple[torch.UntypedStorage, int] | None:
     base = storage.data_ptr()
     span = 0
     for t in leaves:
-        if t.device.type != "cpu" or t.untyped_storage().data_ptr() != base or not t.is_contiguous() \
+        # dense views (contiguous, or channels_last as torch.stack gives them): their bytes are
+        # [offset, offset + numel) of the storage, whatever the order of the strides
+        if t.device.type != "cpu" or t.untyped_storage().data_ptr() != base or not _dense(t) \
                 or t.requires_grad or t.is_conj() or t.is_neg():
             return None
         span = max(span, (t.storage_offset() + t.numel()) * t.element_size())
     return storage, span
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """A permuted contiguous block (no gaps, no overlap): contiguous, channels_last..."""
+    if t.is_contiguous():
+        return True
+    expect = 1
+    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
 
 
 def _bytes_view(storage: torch.UntypedStorage, span: int) -> torch.Tensor:

@@ -286,3 +286,40 @@ def test_sample_major_pass_matches_default_collate(name):
     got = fastcollate.collate(batch)
     assert_same(got, want)
     assert_same(reference.collate(batch), want)
+
+
+def _cl(*shape, fmt=torch.channels_last):
+    return torch.rand(*shape).contiguous(memory_format=fmt)
+
+
+FORMATS = {
+    "channels-last": lambda: [_cl(2, 3, 4, 5) for _ in range(4)],
+    "channels-last-n1": lambda: [_cl(1, 3, 4, 5) for _ in range(4)],
+    "channels-last-3d": lambda: [_cl(2, 3, 2, 4, 5, fmt=torch.channels_last_3d) for _ in range(3)],
+    "mixed-formats": lambda: [_cl(2, 3, 4, 5) if i != 2 else torch.rand(2, 3, 4, 5) for i in range(4)],
+    "dict-channels-last": lambda: [{"x": _cl(2, 3, 4, 5), "y": i} for i in range(4)],
+    "tuple-channels-last": lambda: [(_cl(2, 3, 4, 5), 1.5) for i in range(4)],
+    "permuted-3d-hwc": lambda: [torch.randint(0, 255, (6, 5, 3), dtype=torch.uint8).permute(2, 0, 1) for _ in range(4)],
+    "channels-last-strided-view": lambda: [_cl(2, 3, 4, 6)[..., ::2] for _ in range(3)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_memory_format_is_default_collates(name):
+    """Strides, not only values: outside a worker torch.stack keeps channels_last samples
+    channels_last (cat + view), everything else comes back contiguous."""
+    batch = FORMATS[name]()
+    want = default_collate(batch)
+    got = fastcollate.collate(batch)
+    assert_same(got, want)  # compares strides too
+    for t in tensor_leaves(got):
+        assert t.untyped_storage().data_ptr() == tensor_leaves(got)[0].untyped_storage().data_ptr()
+
+
+def test_channels_last_batches_move_in_one_copy():
+    from fastcollate.transport import find_arena
+
+    batch = fastcollate.collate([{"x": _cl(2, 3, 4, 5), "y": i} for i in range(4)])
+    assert batch["x"].stride() != batch["x"].contiguous().stride()
+    found = find_arena(batch)
+    assert found is not None and found[1] >= batch["x"].numel() * 4

@@ -44,3 +44,13 @@ def test_main_process_loader_matches():
                     DataLoader(ds, batch_size=4)):
         assert_same(a, b)
         assert not any(t.is_shared() for t in tensor_leaves(a))
+
+
+def test_channels_last_samples_are_contiguous_in_workers_as_with_torch():
+    # default_collate stacks into a contiguous out= tensor inside a worker
+    import torch.utils.data as tud
+
+    data = [torch.rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last) for _ in range(8)]
+    for ours, theirs in zip(tud.DataLoader(data, batch_size=4, num_workers=2, collate_fn=fastcollate.collate),
+                            tud.DataLoader(data, batch_size=4, num_workers=2)):
+        assert ours.stride() == theirs.stride() and torch.equal(ours, theirs)
