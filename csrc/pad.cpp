@@ -134,12 +134,26 @@ std::vector<int64_t> pad_column(Plan& plan, Node& node, PyObject* const* samples
     }
     const at::Tensor& t = tensors[i];
     if (!plain_tensor(t) || t.dim() == 0) return defer();
-    if (first == nullptr) first = &t;
-    if (t.scalar_type() != first->scalar_type() || t.sizes().slice(1) != first->sizes().slice(1)) return defer();
     lengths[i] = t.size(0);
   }
+  // The first non-empty sample decides dtype and trailing dims (sample 0 when all are empty):
+  // an empty sequence carries no values, so its dtype -- and, 1-D, its trailing dims -- do not
+  // count (pad.py's rule). Lists take as_tensor's dtype over the whole column.
+  size_t ref = 0;
+  while (ref < n && lengths[ref] == 0) ++ref;
+  if (ref == n) ref = 0;
+  if (tensors[ref].defined()) first = &tensors[ref];
   const at::ScalarType dtype = first != nullptr ? first->scalar_type() : list_dtype(rank);
-  if (rank != kNoList && first != nullptr && (list_dtype(rank) != dtype || first->dim() != 1)) return defer();
+  const c10::IntArrayRef trailing_ref = first != nullptr ? first->sizes().slice(1) : c10::IntArrayRef{};
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined()) {  // a list: 1-D, as_tensor's dtype
+      if (lengths[i] > 0 && (list_dtype(rank) != dtype || !trailing_ref.empty())) return defer();
+      continue;
+    }
+    if (t.size(0) == 0 && (t.dim() == 1 || t.sizes().slice(1) == trailing_ref)) continue;
+    if (t.scalar_type() != dtype || t.sizes().slice(1) != trailing_ref) return defer();
+  }
   std::vector<int64_t> trailing = first != nullptr ? first->sizes().slice(1).vec() : std::vector<int64_t>{};
   int64_t row_elems = 1;
   for (int64_t d : trailing) row_elems *= d;

@@ -8,7 +8,8 @@ Rules (the compiled engine follows them exactly):
     lengths are the first dimension, trailing dimensions must agree;
   * lists take torch.as_tensor's dtype, inferred over the whole column (bool, else int64, else
     float32); a column of only empty lists is int64; tensors must share one dtype (and match
-    the lists' dtype when both appear);
+    the lists' dtype when both appear); an empty sequence carries no values, so its dtype
+    (``torch.tensor([])`` is float32) and, when 1-D, its trailing dimensions do not count;
   * each sequence is truncated to max_length (its first max_length elements), then all are
     padded to the longest, rounded up to pad_to_multiple_of, on padding_side;
   * the mask (1 real, 0 padding; ``attention_mask``, int64 by default, like Hugging Face's) and
@@ -150,13 +151,19 @@ class PadSpec:
             if t.dim() == 0:
                 raise TypeError(f"{where}: sample {i} is a 0-d tensor; a padded leaf needs a length (first dimension)")
             seqs.append(t)
-        dtype = seqs[0].dtype
+        # an empty sequence carries no values: its dtype (torch.tensor([]) is float32) and, when it
+        # is 1-D, its missing trailing dimensions do not count; the first non-empty one decides
+        ref = next((j for j, t in enumerate(seqs) if t.shape[0] > 0), 0)
+        dtype, trailing = seqs[ref].dtype, seqs[ref].shape[1:]
         for i, t in enumerate(seqs):
+            if t.shape[0] == 0 and (t.dim() == 1 or t.shape[1:] == trailing):
+                seqs[i] = t.new_empty((0, *trailing), dtype=dtype)
+                continue
             if t.dtype != dtype:
-                raise TypeError(f"{where}: sample {i} has dtype {t.dtype}, sample 0 has {dtype}")
-            if t.shape[1:] != seqs[0].shape[1:]:
-                raise RuntimeError(f"{where}: sample {i} has trailing dimensions {list(t.shape[1:])}, sample 0 has "
-                                   f"{list(seqs[0].shape[1:])}; only the first dimension may differ")
+                raise TypeError(f"{where}: sample {i} has dtype {t.dtype}, sample {ref} has {dtype}")
+            if t.shape[1:] != trailing:
+                raise RuntimeError(f"{where}: sample {i} has trailing dimensions {list(t.shape[1:])}, sample {ref} has "
+                                   f"{list(trailing)}; only the first dimension may differ")
         if self.max_length is not None:
             seqs = [t[: self.max_length] for t in seqs]
         lengths = [int(t.shape[0]) for t in seqs]

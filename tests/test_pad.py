@@ -186,3 +186,33 @@ def test_length_grouped_sampler_ddp_ranks_disjoint_and_even():
     assert len(flat) == len(set(flat)), "drop_last: no sample twice"
     with pytest.raises(ValueError, match="rank"):
         LengthGroupedSampler(lengths, 8, num_replicas=2, rank=2)
+
+
+EMPTY_CASES = {
+    "float-empty-among-int64": ([torch.tensor([1, 2, 3]), torch.tensor([]), torch.tensor([4])], torch.int64),
+    "empty-tensor-among-lists": ([[1, 2], torch.tensor([])], torch.int64),
+    "empty-first-then-list": ([torch.tensor([]), [1, 2]], torch.int64),
+    "empty-1d-among-2d": ([torch.zeros(0, 4), torch.ones(2, 4), torch.tensor([])], torch.float32),
+    "all-empty": ([torch.tensor([]), torch.tensor([], dtype=torch.int64)], torch.float32),
+    "empty-list-among-floats": ([torch.tensor([0.5, 1.5]), []], torch.float32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_CASES))
+def test_an_empty_sequence_carries_no_dtype(name):
+    seqs, dtype = EMPTY_CASES[name]
+    batch = [{"ids": s, "i": i} for i, s in enumerate(seqs)]
+    ours = fastcollate.Collator(pad={"ids": -1})(batch)
+    ref = fastcollate.Collator(pad={"ids": -1}, backend="python")(batch)
+    assert_same(ours, ref)
+    assert ours["ids"].dtype == dtype
+    fastcollate.reset_stats()
+    fastcollate.Collator(pad={"ids": -1})(batch)
+    assert fastcollate.stats()["deferred_leaves"] == 0  # the engine wrote it, not the reference
+
+
+def test_non_empty_mixed_dtypes_are_still_refused():
+    batch = [{"ids": torch.tensor([1.5])}, {"ids": torch.tensor([1])}]
+    for backend in ("cpp", "python"):
+        with pytest.raises(TypeError, match="sample 1 has dtype torch.int64, sample 0 has torch.float32"):
+            fastcollate.Collator(pad={"ids": 0}, backend=backend)(batch)
