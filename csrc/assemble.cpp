@@ -106,6 +106,7 @@ at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dty
 void run_copies(Plan& plan, const at::Tensor& arena, int num_threads) {
   uint8_t* base = static_cast<uint8_t*>(arena.data_ptr());
   copy_pieces(plan.pieces, base, num_threads);
+  transpose_pieces(plan.transposes, base, num_threads);
   fill_pieces(plan.fills, base);
   for (const Conversion& c : plan.conversions) {
     arena_view(arena, c.dst_offset, c.dtype, c.sizes, c.strides).copy_(c.src);

@@ -70,8 +70,21 @@ void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, 
     plan.pieces.push_back({static_cast<const uint8_t*>(part.const_data_ptr()), dst_offset, nbytes});
     if (keep) plan.keep_alive.push_back(part);
   } else {
-    plan.conversions.push_back({part, part.scalar_type(), part.sizes().vec(), dst_offset});
+    add_strided(plan, part, dst_offset);
   }
+}
+
+void add_strided(Plan& plan, const at::Tensor& t, size_t dst_offset) {
+  TransposePiece piece;
+  if (!t.is_conj() && !t.is_neg() &&
+      as_transpose(t.sizes().data(), t.strides().data(), static_cast<int>(t.dim()), t.element_size(), &piece)) {
+    piece.src = static_cast<const uint8_t*>(t.const_data_ptr());
+    piece.dst_offset = dst_offset;
+    plan.transposes.push_back(piece);
+    plan.keep_alive.push_back(t);
+    return;
+  }
+  plan.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst_offset});
 }
 
 void place_tensor(Plan& plan, Node& node, const at::Tensor& t) {

@@ -38,6 +38,11 @@ int numpy_to_tensor(PyObject* obj, at::Tensor* out);
 // strided / conjugated sources). keep: hold a reference for the GIL-free copy.
 void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep);
 
+// A sample that is not contiguous (nor conjugated), copied to a contiguous dst_offset: a
+// transpose piece when it is one (HWC memory seen as CHW), else a conversion (ATen's copy_).
+// Holds a reference to t for the GIL-free copy.
+void add_strided(Plan& plan, const at::Tensor& t, size_t dst_offset);
+
 // Places an already-collated tensor in the arena as `node` (a Tensor leaf).
 void place_tensor(Plan& plan, Node& node, const at::Tensor& t);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "copy_engine.h"
+#include "transpose.h"
 
 namespace fastcollate {
 
@@ -69,6 +70,7 @@ struct Plan {
   std::vector<ScalarPiece> scalar_pieces;
   std::vector<uint8_t> scalars;
   std::vector<Conversion> conversions;
+  std::vector<TransposePiece> transposes;
   std::vector<FillPiece> fills;
   // Owners of every CopyPiece::src, so the GIL-free copy reads live memory even if another
   // thread drops the samples meanwhile: the tensors' Python objects (cheap, non-atomic

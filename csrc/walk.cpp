@@ -53,6 +53,7 @@ struct FusedColumn {
   size_t per = 0;
   size_t offset = 0;
   std::vector<Conversion> conversions;
+  std::vector<std::pair<const at::Tensor*, size_t>> strided;  // (sample, dst): add_strided on success
   std::vector<double> floats;
   std::vector<int64_t> ints;
 };
@@ -203,6 +204,8 @@ class Walker {
         plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, per});
         if (numpy) plan_.keep_alive.push_back(t);
         else plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
+      } else if (fmt_strides.empty() && !bits) {
+        add_strided(plan_, t, dst);
       } else {
         plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, fmt_strides});
       }
@@ -476,6 +479,8 @@ class Walker {
           if (!c.bits && (c.fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(c.fmt_strides))) {
             plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, c.per});
             plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(v));
+          } else if (c.fmt_strides.empty() && !c.bits) {
+            c.strided.push_back({&t, dst});
           } else {
             c.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, c.fmt_strides});
           }
@@ -512,6 +517,7 @@ class Walker {
       done[k] = 1;
       if (c.kind == FusedColumn::kTensor) {
         for (auto& conv : c.conversions) plan_.conversions.push_back(std::move(conv));
+        for (const auto& [t, dst] : c.strided) add_strided(plan_, *t, dst);
         child.kind = NodeKind::Tensor;
         child.dtype = c.t0->scalar_type();
         const c10::IntArrayRef sizes = c.t0->sizes();

@@ -323,3 +323,33 @@ def test_channels_last_batches_move_in_one_copy():
     assert batch["x"].stride() != batch["x"].contiguous().stride()
     found = find_arena(batch)
     assert found is not None and found[1] >= batch["x"].numel() * 4
+
+
+def _hwc(h, w, c, dtype=torch.uint8):
+    return (torch.rand(h, w, c) * 200).to(dtype).permute(2, 0, 1)  # what PILToTensor / ToImage return
+
+
+STRIDED = {
+    "pil-uint8-3ch": lambda: [_hwc(13, 11, 3) for _ in range(5)],             # 143 pixels: SIMD + tail
+    "pil-uint8-3ch-large": lambda: [_hwc(224, 224, 3) for _ in range(8)],  # > 1 MB: threaded
+    "pil-uint8-1ch": lambda: [_hwc(6, 5, 1) for _ in range(3)],                # contiguous after all
+    "pil-uint8-4ch": lambda: [_hwc(7, 9, 4) for _ in range(3)],
+    "pil-float32": lambda: [_hwc(5, 6, 3, torch.float32) for _ in range(3)],
+    "pil-int16": lambda: [_hwc(5, 6, 3, torch.int16) for _ in range(3)],
+    "pil-float64": lambda: [_hwc(3, 4, 2, torch.float64) for _ in range(3)],
+    "transposed-2d": lambda: [torch.rand(70, 90).t() for _ in range(3)],
+    "step-slice": lambda: [torch.rand(8, 10)[:, ::2] for _ in range(3)],      # not a transpose: ATen copies
+    "permute-4d": lambda: [torch.rand(2, 3, 4, 5).permute(0, 3, 1, 2) for _ in range(3)],
+    "three-way-permute": lambda: [torch.rand(3, 4, 5).permute(2, 0, 1).contiguous().permute(1, 0, 2) for _ in range(3)],
+    "dict-pil": lambda: [{"image": _hwc(9, 9, 3), "label": i} for i in range(4)],
+    "tuple-pil": lambda: [(_hwc(9, 9, 3), i) for i in range(4)],
+    "mixed-strided-and-contiguous": lambda: [_hwc(4, 5, 3) if i % 2 else _hwc(4, 5, 3).contiguous() for i in range(4)],
+}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("name", sorted(STRIDED))
+def test_strided_sources_copied_by_the_engine_equal_stack(name, threads):
+    batch = STRIDED[name]()
+    want = default_collate(batch)
+    assert_same(fastcollate.Collator(num_threads=threads)(batch), want)
