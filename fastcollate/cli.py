@@ -61,6 +61,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
     _progress(f"fastcollate bench: backend={_ext.backend()}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op threads, {rounds} rounds")
+    if args.sweep:
+        return _sweep(args, rounds)
     rows = bench.run(names, rounds=rounds, min_time=min_time, progress=_progress)
     print("collate (ratios measured side by side in this run):")
     print(bench.format_table(rows))
@@ -72,6 +74,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     loader_rows = bench.run_loaders(epochs=1 if args.quick else 3, progress=_progress)
     print("\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s):")
     print(bench.format_loader_table(loader_rows))
+    _progress("[loader] a new loader's first epoch, torch's vs fastcollate's")
+    startup = bench.measure_startup(rounds=1 if args.quick else 3, batches=4 if args.quick else 12)
+    print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing):")
+    print(bench.format_startup(startup))
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
         n = 512 if args.quick else 2048
@@ -83,11 +89,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("  stall breakdown (fastcollate): " + train_rows[-1]["summary"].replace("\n", "\n  "))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows, "loaders": loader_rows,
+            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows,
+                       "loaders": loader_rows, "startup": startup,
                        "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]}, f, indent=2)
         _progress(f"wrote {args.json}")
     if args.plot:
         _plot(rows, args.plot)
+        _progress(f"wrote {args.plot}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace, rounds: int) -> int:
+    from . import sweep
+
+    kw = dict(batch_sizes=(1, 16, 256), leaves=(1, 16)) if args.quick else {}
+    rows = sweep.run(rounds=min(rounds, 3), min_time=0.02 if args.quick else 0.05, progress=_progress, **kw)
+    print(f"how the cost grows: dict samples of {sweep.LEAF_FLOATS}-float tensors, side by side in this run:")
+    print(sweep.format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sweep": rows}, f, indent=2)
+        _progress(f"wrote {args.json}")
+    if args.plot:
+        sweep.plot(rows, args.plot)
         _progress(f"wrote {args.plot}")
     return 0
 
@@ -194,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", help="comma-separated subset of the collate workloads")
     b.add_argument("--no-train", action="store_true", help="skip the end-to-end training run")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (needs matplotlib)")
+    b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (the sweep: log-log; needs matplotlib)")
+    b.add_argument("--sweep", action="store_true",
+                   help="only the scaling sweep: batch size 1-4096 x leaves per sample 1-64, ns/leaf and GB/s")
     b.set_defaults(fn=cmd_bench)
     t = sub.add_parser("tune", help="pick DataLoader settings for a dataset by measurement")
     t.add_argument("--dataset", required=True, help="module:attr of a map-style Dataset (or a factory)")

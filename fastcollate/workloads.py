@@ -50,6 +50,26 @@ def tiny(n: int = 4) -> list[dict[str, Any]]:
     return images_u8(n)
 
 
+def pil_images(n: int = 64) -> list[dict[str, Any]]:
+    """What torchvision's PILToTensor / ToImage return: CHW views of HWC uint8 memory."""
+    g = torch.Generator().manual_seed(6)
+    return [{"image": torch.randint(0, 256, (224, 224, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1),
+             "label": i % 1000} for i in range(n)]
+
+
+def many_fields(n: int = 2048) -> list[dict[str, Any]]:
+    """20 fields per sample: 8 small tensors (4 floats), 6 ints, 6 floats."""
+    g = torch.Generator().manual_seed(7)
+    return [{**{f"t{k}": torch.randn(4, generator=g) for k in range(8)}, **{f"i{k}": i + k for k in range(6)},
+             **{f"f{k}": i / (k + 1) for k in range(6)}} for i in range(n)]
+
+
+def channels_last_clips(n: int = 32) -> list[torch.Tensor]:
+    """Video clips made channels_last: [4, 3, 112, 112] each (default_collate keeps the format)."""
+    g = torch.Generator().manual_seed(8)
+    return [torch.randn(4, 3, 112, 112, generator=g).contiguous(memory_format=torch.channels_last) for _ in range(n)]
+
+
 WORKLOADS: dict[str, tuple[str, Callable[[], list]]] = {
     "images_u8": ("256 x {uint8 3x224x224, int}", images_u8),
     "images_f32": ("128 x (float32 3x224x224, int)", images_f32),
@@ -57,7 +77,12 @@ WORKLOADS: dict[str, tuple[str, Callable[[], list]]] = {
     "numpy": ("256 x (numpy float32 3x64x64, np.int64)", numpy_samples),
     "nested": ("256 x nested dicts/lists", nested),
     "tiny": ("4 x {uint8 3x224x224, int}", tiny),
+    "pil_images": ("64 x {uint8 CHW view of HWC 224x224, int}", pil_images),
+    "many_fields": ("2048 x 20 fields (8 tensors, 6 ints, 6 floats)", many_fields),
+    "channels_last": ("32 x float32 4x3x112x112 channels_last", channels_last_clips),
 }
+# below this many bytes a batch's time is per leaf, not per byte: "of memcpy" says nothing
+MEMCPY_MEANINGFUL_BYTES = 1 << 20
 
 
 def tensor_bytes(obj: Any) -> int:

@@ -24,6 +24,21 @@ def test_bench_quick(tmp_path):
     assert "[collate 1/2] tiny" in r.stderr  # progress
     data = json.loads(out.read_text())
     assert [row["workload"] for row in data["collate"]] == ["tiny", "nested"] and len(data["train"]) == 2
+    # batches far below a megabyte: the memcpy column says nothing, and says so
+    tiny_row = next(line for line in r.stdout.splitlines() if line.startswith("| 4 x {uint8"))
+    assert tiny_row.rstrip().endswith("— |"), tiny_row
+    assert "a NEW loader, first epoch" in r.stdout and data["startup"]["epoch_speedup"] > 0
+
+
+def test_bench_sweep_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    r = run("bench", "--sweep", "--quick", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["sweep"]
+    assert [(x["batch_size"], x["leaves_per_sample"]) for x in rows] == [(b, k) for k in (1, 16) for b in (1, 16, 256)]
+    assert all(x["fastcollate_ns_per_leaf"] > 0 and x["default_gb_s"] > 0 for x in rows)
+    assert "ns/leaf" in r.stdout and png.stat().st_size > 10_000
 
 
 def test_tune():
