@@ -16,6 +16,11 @@ from . import workloads
 from .collate import Collator
 
 
+def table_rule(head: str) -> str:
+    """The markdown rule under a table's header line, column widths kept."""
+    return "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"
+
+
 def _time_per_call(fn: Callable[[], Any], min_time: float) -> float:
     """Seconds per call: repeat fn until min_time has passed (at least 3 calls)."""
     held = fn()  # warm (and keep one result alive, like the loop's previous batch)
@@ -78,7 +83,7 @@ def run_pad(names: Iterable[str] | None = None, rounds: int = 5, min_time: float
 
 def format_pad_table(rows: list[dict[str, Any]]) -> str:
     head = f"| {'workload':<40} | {'as_tensor+pad_sequence+mask':>27} | {'fastcollate':>11} | {'speedup':>7} |"
-    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    lines = [head, table_rule(head)]
     for r in rows:
         lines.append(f"| {r['description']:<40} | {r['usual_ms']:24.3f} ms | {r['fastcollate_ms']:8.3f} ms | "
                      f"{r['speedup']:6.2f}x |")
@@ -125,7 +130,7 @@ def run_loaders(epochs: int = 2, progress: Callable[[str], None] | None = None) 
 def format_loader_table(rows: list[dict[str, Any]]) -> str:
     head = (f"| {'workload':<30} | {'torch, 2 workers':>16} | {'torch, main':>11} | {'ring, 2 workers':>15} | "
             f"{'vs torch workers':>16} | {'vs torch main':>13} |")
-    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    lines = [head, table_rule(head)]
     for r in rows:
         lines.append(f"| {r['description']:<30} | {r['torch_workers']:14.0f}/s | {r['torch_main']:9.0f}/s | "
                      f"{r['ring_workers']:13.0f}/s | {r['vs_torch_workers']:15.2f}x | {r['vs_torch_main']:12.2f}x |")
@@ -167,7 +172,7 @@ def measure_startup(rounds: int = 3, num_workers: int = 2, batches: int = 12, ba
 
 def format_startup(r: dict[str, Any]) -> str:
     head = f"| {'workload':<52} | {'torch first batch / epoch':>25} | {'ring first batch / epoch':>24} | {'epoch':>6} | {'1st batch':>9} |"
-    sep = "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"
+    sep = table_rule(head)
     row = (f"| {r['description']:<52} | {r['torch_first_s'] * 1e3:10.0f} / {r['torch_epoch_s'] * 1e3:9.0f} ms | "
            f"{r['ours_first_s'] * 1e3:9.0f} / {r['ours_epoch_s'] * 1e3:9.0f} ms | {r['epoch_speedup']:5.2f}x | "
            f"{r['first_batch_ratio']:8.2f}x |")
@@ -193,8 +198,7 @@ def _each(names: Iterable[str], tag: str, progress: Callable[[str], None] | None
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = f"| {'workload':<46} | {'MB':>6} | {'default_collate':>15} | {'fastcollate':>11} | {'speedup':>7} | {'of memcpy':>9} |"
-    sep = "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"
-    lines = [head, sep]
+    lines = [head, table_rule(head)]
     for r in rows:
         of = f"{100 * r['of_memcpy']:8.0f}%" if r["batch_bytes"] >= workloads.MEMCPY_MEANINGFUL_BYTES else f"{'—':>9}"
         lines.append(

@@ -4,27 +4,17 @@ ns per leaf and GB/s. The picture of where fastcollate stops mattering."""
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable
 
 import torch
 from torch.utils.data import default_collate
 
+from .bench import _time_per_call, table_rule
 from .collate import Collator
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 LEAVES = (1, 4, 16, 64)
 LEAF_FLOATS = 16
-
-
-def _per_call(fn: Callable[[], Any], min_time: float) -> float:
-    held = fn()
-    calls, t0 = 0, time.perf_counter()
-    while calls < 3 or time.perf_counter() - t0 < min_time:
-        held = fn()  # the previous batch stays alive, as in a training loop
-        calls += 1
-    del held
-    return (time.perf_counter() - t0) / calls
 
 
 def samples(batch_size: int, leaves: int) -> list[dict[str, torch.Tensor]]:
@@ -43,8 +33,8 @@ def run(rounds: int = 3, min_time: float = 0.05, progress: Callable[[str], None]
         batch = samples(b, k)
         t_d, t_f = [], []
         for _ in range(rounds):  # interleaved: noise hits both
-            t_d.append(_per_call(lambda: default_collate(batch), min_time))
-            t_f.append(_per_call(lambda: fast(batch), min_time))
+            t_d.append(_time_per_call(lambda: default_collate(batch), min_time))
+            t_f.append(_time_per_call(lambda: fast(batch), min_time))
         d, f = statistics.median(t_d), statistics.median(t_f)
         n, nbytes = b * k, b * k * LEAF_FLOATS * 4
         rows.append({"batch_size": b, "leaves_per_sample": k, "leaves": n, "bytes": nbytes,
@@ -56,7 +46,7 @@ def run(rounds: int = 3, min_time: float = 0.05, progress: Callable[[str], None]
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"| {'batch':>5} | {'leaves/sample':>13} | {'default ns/leaf':>15} | {'fastcollate ns/leaf':>19} | "
             f"{'default GB/s':>12} | {'fastcollate GB/s':>16} | {'speedup':>7} |")
-    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    lines = [head, table_rule(head)]
     for r in rows:
         lines.append(f"| {r['batch_size']:>5} | {r['leaves_per_sample']:>13} | {r['default_ns_per_leaf']:15.0f} | "
                      f"{r['fastcollate_ns_per_leaf']:19.0f} | {r['default_gb_s']:12.2f} | {r['fastcollate_gb_s']:16.2f} | "

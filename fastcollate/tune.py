@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from .bench import table_rule
 from .collate import _cores, collate as fast_collate
 
 
@@ -21,7 +22,7 @@ class TuneResult:
 
     def format(self) -> str:
         head = f"| {'workers':>7} | {'prefetch':>8} | {'pin':>5} | {'collate':<11} | {'batches/s':>9} | {'peak RSS MB':>11} | status |"
-        lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+        lines = [head, table_rule(head)]
         for r in self.table:
             bps = f"{r['batches_per_s']:9.1f}" if r["batches_per_s"] else " " * 9
             rss = f"{r['peak_rss_mb']:11.0f}" if r["peak_rss_mb"] else " " * 11
