@@ -91,6 +91,15 @@ def _cuda_registrar() -> tuple[Callable[[int, int], str], Callable[[int], str]] 
     return _ext._C.host_register, _ext._C.host_unregister
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
 class Registrations:
     """Page-locked extents of one segment, one per slot, made lazily in the owning process and
     grown when a slot first holds a larger batch (the slot is free of copies then: a worker only
@@ -111,6 +120,9 @@ class Registrations:
         self.extent: dict[int, int] = {}
         self.lock = threading.Lock()
         self.error = "" if self.registrar is not None else "the extension was built without CUDA"
+        if self.error:
+            _warn_once(f"fastcollate ring: pin_memory=True but {self.error}; ring batches stay pageable and "
+                       "are pinned by copying, as without the ring (rebuild with nvcc for page-locked slots)")
 
     @property
     def active(self) -> bool:
@@ -134,8 +146,8 @@ class Registrations:
             err = register(ptr, want)
             if err:
                 self.error = err
-                logger.warning("fastcollate ring: cudaHostRegister failed (%s); ring batches stay pageable and "
-                               "are pinned by copying, as without the ring", err)
+                _warn_once(f"fastcollate ring: cudaHostRegister failed ({err}); ring batches stay pageable and "
+                           "are pinned by copying, as without the ring")
                 return False
             self.extent[slot] = want
             return True
