@@ -135,3 +135,15 @@ def test_pinned_arena_is_one_pinned_storage():
     out = c([{"a": torch.randn(3, 5), "b": i} for i in range(4)])
     assert out["a"].is_pinned() and out["b"].is_pinned()
     assert out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_batches_streamed_at_odd_alignments_are_exact(threads):
+    # batches past 8 MB are written with non-temporal stores: sources and destinations that are
+    # not 16-byte aligned, and sizes that are not multiples of 64, must come out exact
+    from torch.utils.data import default_collate
+
+    src = torch.randint(0, 255, (3_000_100 * 5,), dtype=torch.uint8)
+    batch = [src[k * 3_000_100 + k % 7: k * 3_000_100 + k % 7 + 2_999_990] for k in range(5)]
+    got = fastcollate.Collator(num_threads=threads)(batch)
+    assert torch.equal(got, default_collate(batch))
