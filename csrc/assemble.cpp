@@ -103,9 +103,9 @@ at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dty
   return view;
 }
 
-void run_copies(Plan& plan, const at::Tensor& arena, int num_threads) {
+void run_copies(Plan& plan, const at::Tensor& arena, int num_threads, bool stream_ok) {
   uint8_t* base = static_cast<uint8_t*>(arena.data_ptr());
-  copy_pieces(plan.pieces, base, num_threads);
+  copy_pieces(plan.pieces, base, num_threads, stream_ok);
   transpose_pieces(plan.transposes, base, num_threads);
   fill_pieces(plan.fills, base);
   for (const Conversion& c : plan.conversions) {

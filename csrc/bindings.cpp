@@ -26,15 +26,16 @@ at::Tensor checked_arena(py::handle alloc_fn, size_t nbytes) {
 // One batch: walk (GIL held), allocate the arena, copy (GIL released), rebuild (GIL held).
 // alloc_fn is None for the pageable pool, else a callable nbytes -> uint8 tensor.
 py::object collate(py::handle batch, py::handle alloc_fn, int num_threads, py::handle defer_fn, py::handle pad_spec,
-                   bool keep_formats) {
+                   bool in_main) {
   std::optional<PadConfig> pad;
   if (!pad_spec.is_none()) pad = PadConfig::parse(pad_spec);
-  Plan plan = build_plan(batch, defer_fn, pad ? &*pad : nullptr, keep_formats);
+  // in_main: not in a DataLoader worker -- torch.stack's memory formats, streamed stores
+  Plan plan = build_plan(batch, defer_fn, pad ? &*pad : nullptr, in_main);
   at::Tensor arena;
   if (plan.tensor_leaves > 0) {
     arena = alloc_fn.is_none() ? pool_allocate(plan.nbytes) : checked_arena(alloc_fn, plan.nbytes);
     py::gil_scoped_release no_gil;
-    run_copies(plan, arena, num_threads);
+    run_copies(plan, arena, num_threads, in_main);
   }
   py::object out = assemble(plan, arena, batch);
   g_batches.fetch_add(1, std::memory_order_relaxed);
@@ -107,7 +108,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace fc = fastcollate;
   m.doc() = "fastcollate's compiled engine";
   m.def("collate", &fc::collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"),
-        py::arg("pad") = py::none(), py::arg("keep_formats") = true);
+        py::arg("pad") = py::none(), py::arg("in_main") = true);
   m.def("stats", &fc::stats);
   m.def("plan_bytes", &fc::plan_bytes, py::arg("batch"), py::arg("defer_fn"), py::arg("pad") = py::none());
   m.def("reset_counters", &fc::reset_counters);

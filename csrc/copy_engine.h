@@ -29,7 +29,8 @@ void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base);
 constexpr size_t kParallelCopyMinBytes = 1 << 20;
 
 // Copies every piece to base + dst_offset, using up to num_threads threads (the caller is one).
-void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads);
+// stream_ok: a large batch may be written with non-temporal stores (see copy_engine.cpp).
+void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads, bool stream_ok = false);
 
 // Runs fn(0) .. fn(ntasks - 1) on the shared pool, the calling thread taking part; returns when
 // all have finished. The first exception thrown by a task is rethrown here.

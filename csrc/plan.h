@@ -95,7 +95,8 @@ struct PadConfig;
 Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad = nullptr, bool keep_formats = true);
 
 // Copies every leaf into the arena. Touches no Python object: call with the GIL released.
-void run_copies(Plan& plan, const at::Tensor& arena, int num_threads);
+// stream_ok: large batches may use non-temporal stores (the main process's arenas).
+void run_copies(Plan& plan, const at::Tensor& arena, int num_threads, bool stream_ok = false);
 
 // Rebuilds the containers around views of the arena (GIL held).
 py::object assemble(Plan& plan, const at::Tensor& arena, py::handle batch);

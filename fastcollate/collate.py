@@ -219,8 +219,8 @@ class Collator:
             alloc, threads = worker_alloc or _alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
-        # outside a worker torch.stack keeps channels_last samples channels_last; in a worker it
-        # stacks into a contiguous out= tensor
+        # in_main: outside a worker torch.stack keeps channels_last samples channels_last (in a
+        # worker it stacks into a contiguous out= tensor), and large batches may be streamed
         return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine(batch),
                                not in_worker)
 
