@@ -19,7 +19,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name == "StatefulDataLoader":  # torchdata is optional: imported when first asked for
+    # fastcollate.StatefulDataLoader: torchdata is optional, imported when first asked for (so it
+    # is not in __all__: a star import must not need torchdata)
+    if name == "StatefulDataLoader":
         from .loader import stateful_loader_class
 
         return stateful_loader_class()
@@ -32,7 +34,6 @@ __all__ = [
     "EpochStats",
     "LengthGroupedSampler",
     "RingCollator",
-    "StatefulDataLoader",
     "StallMonitor",
     "TuneResult",
     "backend",

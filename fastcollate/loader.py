@@ -141,8 +141,15 @@ def stateful_loader_class() -> type:
                 super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
 
         StatefulDataLoader.__module__ = __name__
+        StatefulDataLoader.__qualname__ = "StatefulDataLoader"  # found again by name (pickle, repr)
         _STATEFUL = StatefulDataLoader
     return _STATEFUL
 
 
 _STATEFUL: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StatefulDataLoader":
+        return stateful_loader_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,3 +65,16 @@ def test_copies_of_a_ring_collator_share_the_ring_never_copy_it():
     assert len(data) < 4096  # not the segment (gigabytes of address space)
     assert pickle.loads(data).ring is loader.collate_fn.ring
     assert copy.deepcopy(loader.collate_fn).ring is loader.collate_fn.ring
+
+
+def test_star_import_needs_no_optional_package():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torchdata'] = None\n"  # torchdata 'not installed'
+            "from fastcollate import *\n"
+            "import fastcollate\n"
+            "try:\n    fastcollate.StatefulDataLoader\nexcept ImportError as e:\n    print('NEEDS', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NEEDS fastcollate.StatefulDataLoader needs torchdata: pip install torchdata" in r.stdout
