@@ -297,3 +297,16 @@ def test_ring_with_a_padding_collator():
         del got
     st = ours.stats()
     assert st["ring"] and st["ring_hits"] + st["ring_fallbacks"] == 8
+
+
+def test_a_new_loader_per_epoch_leaves_no_descriptor_or_segment_behind():
+    # user code that builds its loader inside the epoch loop: each ring (two memfds) goes with it
+    data = [torch.ones(3)] * 16
+    for _ in range(3):
+        assert len(list(fastcollate.DataLoader(data, batch_size=4, num_workers=2))) == 4
+    gc.collect()
+    fds0 = _fds()
+    for _ in range(20):
+        assert len(list(fastcollate.DataLoader(data, batch_size=4, num_workers=2))) == 4
+    gc.collect()
+    assert _fds() - fds0 <= 1
