@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import functools
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -90,13 +89,34 @@ class PadSpec:
     def resolve(self, elem: Any) -> "PadSpec":
         """The spec for a batch whose sample 0 is ``elem``: the optional keys it carries as
         sequences join the padded keys, and a mask it carries is padded rather than made."""
-        if not self.optional or not isinstance(elem, collections.abc.Mapping):
-            return self
-        present = tuple(k for k, _ in self.optional if k in elem and _is_sequence(elem[k]))
-        return _resolved(self, present) if present else self
+        return self._for(self._present(elem))[0]
 
     def engine_for(self, elem: Any) -> dict[str, Any]:
-        return _engine(self.resolve(elem))
+        """What the compiled engine reads for that batch (see ``engine``)."""
+        return self._for(self._present(elem))[1]
+
+    def _present(self, elem: Any) -> tuple[Any, ...]:
+        if not self.optional or not isinstance(elem, collections.abc.Mapping):
+            return ()
+        return tuple(k for k, _ in self.optional if k in elem and _is_sequence(elem[k]))
+
+    def _for(self, present: tuple[Any, ...]) -> tuple["PadSpec", dict[str, Any]]:
+        # per batch: one dict lookup by the keys present (the spec itself is not hashed); the
+        # cache sits in the instance dict, outside the frozen fields (and outside pickles)
+        cache = self.__dict__.setdefault("_cache", {})
+        hit = cache.get(present)
+        if hit is None:
+            spec = self
+            if present:
+                extra = tuple((k, v) for k, v in self.optional if k in present)
+                carried_mask = self.mask_key is not None and self.mask_key in present
+                spec = dataclasses.replace(self, values=self.values + extra, optional=(),
+                                           mask_key=None if carried_mask else self.mask_key)
+            hit = cache[present] = (spec, spec.engine())
+        return hit
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
 
     def target(self, longest: int) -> int:
         if self.multiple:
@@ -226,19 +246,6 @@ class PadSpec:
         if self.lengths_key is not None:
             values[self.lengths_key] = torch.tensor(first[0], dtype=torch.int64)
         return rebuild_mapping(elem, values)
-
-
-@functools.lru_cache(maxsize=64)
-def _resolved(spec: PadSpec, present: tuple[Any, ...]) -> PadSpec:
-    extra = tuple((k, v) for k, v in spec.optional if k in present)
-    carried_mask = spec.mask_key is not None and spec.mask_key in present
-    return dataclasses.replace(spec, values=spec.values + extra, optional=(),
-                               mask_key=None if carried_mask else spec.mask_key)
-
-
-@functools.lru_cache(maxsize=64)
-def _engine(spec: PadSpec) -> dict[str, Any]:
-    return spec.engine()
 
 
 def _check_fits(value: Any, dtype: torch.dtype, where: str) -> None:
