@@ -97,6 +97,7 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
 }  // namespace
 
 void register_ring_ops(pybind11::module_& m);
+void register_gather_ops(pybind11::module_& m);
 #if FASTCOLLATE_WITH_CUDA
 void register_cuda_ops(pybind11::module_& m);
 void register_host_ops(pybind11::module_& m);
@@ -120,6 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hardware_threads", &fc::hardware_threads);
   m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
   fc::register_ring_ops(m);
+  fc::register_gather_ops(m);
 #if FASTCOLLATE_WITH_CUDA
   fc::register_cuda_ops(m);
   fc::register_host_ops(m);

@@ -6,6 +6,7 @@
 """
 from ._ext import backend, cuda_kernels_built
 from . import transforms
+from .arrays import ArrayDataset, Gathered, Ragged, TokenWindows
 from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
 from .loader import DataLoader
 from .monitor import StallMonitor
@@ -28,13 +29,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'fastcollate' has no attribute {name!r}")
 
 __all__ = [
+    "ArrayDataset",
     "Collator",
     "CudaPrefetcher",
     "DataLoader",
     "EpochStats",
+    "Gathered",
     "LengthGroupedSampler",
+    "Ragged",
     "RingCollator",
     "StallMonitor",
+    "TokenWindows",
     "TuneResult",
     "backend",
     "collate",

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from . import _ext, reference
+from .arrays import Gathered, gather
 from .pad import PadSpec
 
 logger = logging.getLogger("fastcollate")
@@ -207,6 +208,8 @@ class Collator:
         """The arena size a batch needs (walk only: nothing allocated or copied)."""
         if _ext._C is None:
             raise RuntimeError("fastcollate: planned_bytes needs the compiled engine")
+        if isinstance(batch, Gathered):
+            batch = list(batch)
         return int(_ext._C.plan_bytes(batch, reference.collate_subtree, self._pad_engine(batch)))
 
     def _collate(self, batch: Sequence[Any], worker_alloc: Any = None) -> Any:
@@ -219,6 +222,12 @@ class Collator:
             alloc, threads = worker_alloc or _alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
+        if isinstance(batch, Gathered):  # rows of an ArrayDataset: gathered without per-sample Python
+            out = gather(batch, alloc, threads, self.pad)
+            if out is not None:
+                _count("gathered_batches")
+                return out
+            batch = list(batch)  # the ordinary path, and its errors
         # in_main: outside a worker torch.stack keeps channels_last samples channels_last (in a
         # worker it stacks into a contiguous out= tensor), and large batches may be streamed
         return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine(batch),
@@ -254,13 +263,15 @@ def stats() -> dict[str, Any]:
     batches, bytes (arena bytes), tensor_leaves, deferred_leaves (computed by the Python
     reference), arenas_allocated / arenas_reused (pool misses / hits), arenas_unpooled (made past
     the pool cap), arenas_evicted, arenas_in_use, pool_bytes, pool_idle_bytes, pool_limit_bytes,
-    python_batches, disabled_batches, and errors by exception type.
+    python_batches, disabled_batches, gathered_batches (ArrayDataset batches gathered from their
+    columns), and errors by exception type.
     """
     out: dict[str, Any] = dict(_ext._C.stats()) if _ext._C is not None else {}
     with _lock:
         counts = dict(_py_counts)
     out["python_batches"] = counts.pop("python_batches", 0)
     out["disabled_batches"] = counts.pop("disabled_batches", 0)
+    out["gathered_batches"] = counts.pop("gathered_batches", 0)
     out["errors"] = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("errors.")}
     out["backend"] = _ext.backend()
     return out
