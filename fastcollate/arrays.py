@@ -176,6 +176,12 @@ class Source:
         return self.out
 
 
+def _check_widening(key: Any, src: torch.dtype | None, dtype: torch.dtype | None) -> None:
+    if dtype is not None and dtype != src and (src not in _GATHER_DTYPES or dtype not in _WIDEN):
+        raise ValueError(f"fastcollate.ArrayDataset: column {key!r}: no widening from {src} into {dtype} "
+                         f"(into {', '.join(str(d) for d in _WIDEN)} only)")
+
+
 def _convert_row(x: Any, dtype: torch.dtype | None) -> Any:
     if dtype is None:
         return x
@@ -191,16 +197,14 @@ class _Dense(Source):
         self.key, self.holder = key, _Array(arr)
         self.n = int(arr.shape[0])
         self.src, self.why_slow = _readable(arr)
-        self.convert = dtype if dtype is not None and dtype != self.src else None
+        self.convert = dtype  # dtypes= makes rows tensors of that dtype (None: rows as indexed)
         self.out = dtype or self.src
         self.scalar = arr.ndim == 1
         self.fixed = None if self.scalar else int(arr.shape[1])
         self.trailing = tuple(int(s) for s in arr.shape[2:])
         if self.scalar and self.convert is None and self.src == torch.uint64 and not isinstance(arr, torch.Tensor):
             self.why_slow = "numpy uint64 scalars do not become a tensor"
-        if self.convert is not None and (self.src not in _GATHER_DTYPES or dtype not in _WIDEN):
-            raise ValueError(f"fastcollate.ArrayDataset: column {key!r}: no widening from {self.src} into {dtype} "
-                             f"(into {', '.join(str(d) for d in _WIDEN)} only)")
+        _check_widening(key, self.src, dtype)
 
     @property
     def arr(self) -> Any:
@@ -224,12 +228,11 @@ class _Ragged(Source):
         self.key, self.holder, self.offsets = key, _Array(values), ragged.offsets
         self.n = len(self.offsets) - 1
         self.src, self.why_slow = _readable(values)
-        self.convert = dtype if dtype is not None and dtype != self.src else None
+        self.convert = dtype  # dtypes= makes rows tensors of that dtype (None: rows as indexed)
         self.out = dtype or self.src
         self.trailing = tuple(int(s) for s in values.shape[1:])
         self._lens = np.diff(self.offsets)
-        if self.convert is not None and (self.src not in _GATHER_DTYPES or dtype not in _WIDEN):
-            raise ValueError(f"fastcollate.ArrayDataset: column {key!r}: no widening from {self.src} into {dtype}")
+        _check_widening(key, self.src, dtype)
 
     def row(self, i: int) -> Any:
         return _convert_row(self.holder.arr[int(self.offsets[i]):int(self.offsets[i + 1])], self.convert)

@@ -1,6 +1,8 @@
 """Small deterministic datasets for the loader tests (importable by spawned workers)."""
 import numpy as np
 import torch
+
+import fastcollate
 from torch.utils.data import Dataset
 
 
@@ -21,3 +23,15 @@ class Mixed(Dataset):
             "name": f"s{i}",
             "pair": (torch.randn(2, generator=g), np.int16(i)),
         }
+
+
+class GatherOnly(fastcollate.ArrayDataset):
+    """An ArrayDataset whose samples must not be made one by one in a worker: batches there
+    can only come from the gather (indexing in the main process still works, for references)."""
+
+    def __getitem__(self, i):
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            raise AssertionError(f"sample {i} was materialized in a worker")
+        return super().__getitem__(i)
