@@ -1,10 +1,14 @@
 #include "copy_engine.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <new>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -21,6 +25,25 @@
 namespace fastcollate {
 namespace {
 
+// How long an idle helper keeps polling for work before it sleeps on the condvar. A condvar
+// wake-up costs tens of microseconds on a busy VM -- longer than a whole 2 MB copy -- so, as
+// OpenMP's workers do, a helper that just finished stays awake briefly for the next batch.
+// FASTCOLLATE_SPIN_US overrides it (0: always sleep).
+int64_t spin_ns() {
+  static const int64_t ns = [] {
+    const char* v = std::getenv("FASTCOLLATE_SPIN_US");
+    const long us = v != nullptr ? std::strtol(v, nullptr, 10) : 500;
+    return static_cast<int64_t>(std::max(0L, us)) * 1000;
+  }();
+  return ns;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#endif
+}
+
 // A small persistent pool: spawning threads per batch would cost more than a small copy.
 class ThreadPool {
  public:
@@ -28,6 +51,7 @@ class ThreadPool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
+      stopping_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -39,23 +63,44 @@ class ThreadPool {
   }
 
   void submit(std::function<void()> task) {
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(std::move(task));
+      pending_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
     }
-    cv_.notify_one();
+    if (wake) cv_.notify_one();
   }
 
  private:
+  // Polls for up to spin_ns() for a task to appear; true when one may have.
+  bool spin_for_work() {
+    const int64_t limit = spin_ns();
+    if (limit == 0) return false;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 1;; ++i) {
+      if (pending_.load(std::memory_order_acquire) > 0 || stopping_.load(std::memory_order_relaxed)) return true;
+      cpu_relax();
+      if ((i & 255) == 0 && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(limit)) return false;
+    }
+  }
+
   void loop() {
     for (;;) {
+      spin_for_work();
       std::function<void()> task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty() && !stop_) {
+          ++sleepers_;
+          cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+          --sleepers_;
+        }
         if (stop_ && queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        pending_.fetch_sub(1, std::memory_order_relaxed);
       }
       task();
     }
@@ -65,6 +110,9 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> workers_;
+  std::atomic<int> pending_{0};  // queued tasks, read without the lock by spinning helpers
+  std::atomic<bool> stopping_{false};
+  int sleepers_ = 0;             // helpers blocked on cv_ (under mu_)
   bool stop_ = false;
 };
 
@@ -90,13 +138,6 @@ ThreadPool& pool_for_this_process(int workers) {
   g_pool->ensure_workers(workers);
   return *g_pool;
 }
-
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  int remaining;
-  std::exception_ptr error;
-};
 
 // Batches larger than the caches are written once and read later by someone else (the H2D
 // copy, the model): non-temporal stores skip reading every destination line in first
@@ -148,43 +189,78 @@ void store_fence(bool stream) {
 
 }  // namespace
 
+int usable_cores() {
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return hardware_threads();
+  }();
+  return n;
+}
+
 int hardware_threads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-void parallel_run(int ntasks, const std::function<void(int)>& fn) {
-  if (ntasks <= 0) return;
-  if (ntasks == 1) {
-    fn(0);
-    return;
-  }
-  ThreadPool& pool = pool_for_this_process(std::min(ntasks - 1, 63));
-  Completion done;
-  done.remaining = ntasks - 1;
-  for (int i = 1; i < ntasks; ++i) {
-    pool.submit([&done, &fn, i] {
+namespace {
+
+// One parallel_run: tasks are claimed from a counter by the caller and by helpers alike, so a
+// helper that wakes late (a condvar wake-up is tens of microseconds on a busy 2-core VM) finds
+// fewer tasks left instead of the caller waiting idle for its fixed share. The state outlives
+// the call (shared): a helper that wakes after every task has been claimed only reads the
+// counter and leaves, never touching fn, which lives on the caller's stack.
+struct Run {
+  std::atomic<int> next{0};
+  int ntasks = 0;
+  const std::function<void(int)>* fn = nullptr;
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;  // tasks completed (under mu)
+  std::atomic<int> done{0};  // the same count, for polling without the lock
+  std::exception_ptr error;
+
+  // Claims and runs tasks until none is left; true when it ran the last one to finish.
+  void work() {
+    for (;;) {
+      const int i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= ntasks) return;
       std::exception_ptr err;
       try {
-        fn(i);
+        (*fn)(i);
       } catch (...) {
         err = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(done.mu);
-      if (err && !done.error) done.error = err;
-      if (--done.remaining == 0) done.cv.notify_one();
-    });
+      std::lock_guard<std::mutex> lock(mu);
+      if (err && !error) error = err;
+      done.fetch_add(1, std::memory_order_release);
+      if (++finished == ntasks) cv.notify_all();
+    }
   }
-  std::exception_ptr mine;
-  try {
-    fn(0);
-  } catch (...) {
-    mine = std::current_exception();
+};
+
+}  // namespace
+
+void parallel_run(int ntasks, const std::function<void(int)>& fn, int max_threads) {
+  if (ntasks <= 0) return;
+  // more threads than cores never speeds a copy up, and a polling helper would take a core
+  // from the caller
+  const int threads = std::min({ntasks, max_threads > 0 ? max_threads : ntasks, usable_cores()});
+  if (threads == 1) {
+    for (int i = 0; i < ntasks; ++i) fn(i);
+    return;
   }
-  std::unique_lock<std::mutex> lock(done.mu);
-  done.cv.wait(lock, [&done] { return done.remaining == 0; });
-  if (mine) std::rethrow_exception(mine);
-  if (done.error) std::rethrow_exception(done.error);
+  ThreadPool& pool = pool_for_this_process(std::min(threads - 1, 63));
+  auto run = std::make_shared<Run>();
+  run->ntasks = ntasks;
+  run->fn = &fn;
+  for (int h = 1; h < threads; ++h) pool.submit([run] { run->work(); });
+  run->work();
+  // the helpers' last tasks are short (a share of one batch): poll before sleeping on the condvar
+  for (int i = 0; run->done.load(std::memory_order_acquire) < ntasks && i < (1 << 16); ++i) cpu_relax();
+  std::unique_lock<std::mutex> lock(run->mu);
+  run->cv.wait(lock, [&run] { return run->finished == run->ntasks; });
+  if (run->error) std::rethrow_exception(run->error);
 }
 
 void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads, bool stream_ok) {
@@ -203,8 +279,10 @@ void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_th
   // the boundaries, so every thread moves the same number of bytes whatever the piece sizes.
   std::vector<size_t> starts(pieces.size() + 1, 0);  // starts[i]: bytes before piece i
   for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i].nbytes;
-  const size_t share = (total + threads - 1) / threads;
-  parallel_run(threads, [&](int t) {
+  // kTasksPerThread tasks per thread, claimed as threads come free (see parallel_run)
+  const int tasks = threads * kTasksPerThread;
+  const size_t share = (total + tasks - 1) / tasks;
+  parallel_run(tasks, [&](int t) {
     const size_t lo = std::min(total, share * t);
     const size_t hi = std::min(total, share * (t + 1));
     // the last piece that starts at or before lo
@@ -217,7 +295,7 @@ void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_th
       pos += n;
     }
     store_fence(stream);
-  });
+  }, threads);
 }
 
 void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base) {

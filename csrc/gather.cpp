@@ -189,18 +189,58 @@ const int64_t* int64_data(py::handle obj, int64_t rows, const char* what) {
   return t.data_ptr<int64_t>();
 }
 
-// jobs: (kind, dst_offset, ptrs, lens, rows, L, inner, src_dtype, dst_dtype, pad, left, transposed)
-void gather(const at::Tensor& arena, const py::list& specs, int num_threads) {
+void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads) {
+  const int threads = total < kParallelCopyMinBytes ? 1 : std::max(1, num_threads);
+  if (threads == 1) {
+    for (const Job& j : jobs)
+      for (int64_t i = 0; i < j.rows; ++i) run_row(j, i);
+    return;
+  }
+  // rows split by output bytes: task t takes the rows whose first byte falls in its share;
+  // more tasks than threads, claimed as threads come free
+  const int tasks = threads * kTasksPerThread;
+  const size_t share = (total + tasks - 1) / tasks;
+  parallel_run(tasks, [&](int t) {
+    const size_t lo = share * t, hi = std::min(total, share * (t + 1));
+    size_t start = 0;
+    for (const Job& j : jobs) {
+      const size_t end = start + j.row_bytes * j.rows;
+      if (j.row_bytes > 0 && end > lo && start < hi) {
+        const int64_t first = lo <= start ? 0 : static_cast<int64_t>((lo - start + j.row_bytes - 1) / j.row_bytes);
+        const int64_t last = std::min<int64_t>(j.rows, static_cast<int64_t>((hi - start + j.row_bytes - 1) / j.row_bytes));
+        for (int64_t i = first; i < last; ++i) run_row(j, i);
+      }
+      start = end;
+    }
+  }, threads);
+}
+
+// A view of the arena: shape of dtype at byte offset (sharing the arena's storage, so a ring
+// slot's batch is recognized as living in the slot).
+at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  const size_t item = c10::elementSize(dtype);
+  const size_t start = arena.storage_offset() + offset;
+  TORCH_CHECK(start % item == 0, "fastcollate gather: a view is not aligned to its dtype");
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return at::empty({0}, arena.options().dtype(dtype))
+      .set_(arena.storage(), static_cast<int64_t>(start / item), shape, strides);
+}
+
+// jobs: (kind, dst_offset, ptrs, lens, rows, L, inner, src_dtype, dst_dtype, pad, left, transposed,
+// shape); returns each job's output as a view of the arena of that shape (None where shape is).
+py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads) {
   TORCH_CHECK(arena.device().is_cpu() && arena.scalar_type() == at::kByte && arena.dim() == 1 && arena.is_contiguous(),
               "fastcollate gather: the arena must be a contiguous 1-D uint8 CPU tensor");
   const size_t capacity = static_cast<size_t>(arena.numel());
   auto* base = static_cast<uint8_t*>(arena.data_ptr());
   std::vector<Job> jobs;
   std::vector<py::object> keep;  // the index tensors stay alive while the copy runs
+  py::list views;
   size_t total = 0;
   for (py::handle h : specs) {
     const py::tuple s = h.cast<py::tuple>();
-    TORCH_CHECK(s.size() == 12, "fastcollate gather: a job is a 12-tuple");
+    TORCH_CHECK(s.size() == 13, "fastcollate gather: a job is a 13-tuple");
     Job j;
     j.kind = static_cast<JobKind>(s[0].cast<int>());
     const size_t offset = s[1].cast<size_t>();
@@ -232,32 +272,25 @@ void gather(const at::Tensor& arena, const py::list& specs, int num_threads) {
     }
     j.dst = base + offset;
     total += j.row_bytes * j.rows;
+    if (s[12].is_none()) {
+      views.append(py::none());
+    } else {
+      const auto shape = s[12].cast<std::vector<int64_t>>();
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      TORCH_CHECK(static_cast<size_t>(numel) * item == j.row_bytes * j.rows, "fastcollate gather: a view's shape ",
+                  shape, " does not cover its job's output");
+      views.append(arena_view(arena, offset, j.dst_t, shape));
+    }
     keep.push_back(py::reinterpret_borrow<py::object>(s[2]));
     keep.push_back(py::reinterpret_borrow<py::object>(s[3]));
     jobs.push_back(j);
   }
-  py::gil_scoped_release no_gil;
-  const int threads = total < kParallelCopyMinBytes ? 1 : std::max(1, num_threads);
-  if (threads == 1) {
-    for (const Job& j : jobs)
-      for (int64_t i = 0; i < j.rows; ++i) run_row(j, i);
-    return;
+  {
+    py::gil_scoped_release no_gil;
+    run_jobs(jobs, total, num_threads);
   }
-  // rows split by output bytes: task t takes the rows whose first byte falls in its share
-  const size_t share = (total + threads - 1) / threads;
-  parallel_run(threads, [&](int t) {
-    const size_t lo = share * t, hi = std::min(total, share * (t + 1));
-    size_t start = 0;
-    for (const Job& j : jobs) {
-      const size_t end = start + j.row_bytes * j.rows;
-      if (j.row_bytes > 0 && end > lo && start < hi) {
-        const int64_t first = lo <= start ? 0 : static_cast<int64_t>((lo - start + j.row_bytes - 1) / j.row_bytes);
-        const int64_t last = std::min<int64_t>(j.rows, static_cast<int64_t>((hi - start + j.row_bytes - 1) / j.row_bytes));
-        for (int64_t i = first; i < last; ++i) run_row(j, i);
-      }
-      start = end;
-    }
-  });
+  return views;
 }
 
 }  // namespace

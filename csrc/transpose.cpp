@@ -124,9 +124,7 @@ void transpose_pieces(const std::vector<TransposePiece>& pieces, uint8_t* base, 
   for (const auto& p : pieces) total += static_cast<size_t>(p.rows * p.cols) * p.elem_size;
   int threads = std::max(1, std::min<int>(num_threads, static_cast<int>(pieces.size())));
   if (total < kParallelCopyMinBytes) threads = 1;
-  parallel_run(threads, [&](int t) {
-    for (size_t i = static_cast<size_t>(t); i < pieces.size(); i += static_cast<size_t>(threads)) run_piece(pieces[i], base);
-  });
+  parallel_run(static_cast<int>(pieces.size()), [&](int i) { run_piece(pieces[i], base); }, threads);
 }
 
 }  // namespace fastcollate

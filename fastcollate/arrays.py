@@ -123,6 +123,10 @@ class _Array:
     def __init__(self, arr: Any) -> None:
         self.arr = arr
         self.mm = _Memmap.of(arr)
+        # this process's address of row 0 and the row stride in bytes (an unpickled copy, in a
+        # spawned worker, reads its own)
+        self.address = _address(arr)
+        self.stride0 = _strides_bytes(arr)[0] if arr.ndim else 0
 
     def __reduce__(self):
         if self.mm is not None:
@@ -150,6 +154,7 @@ class Source:
     scalar = False                  # row i is a 0-d value: a batch is [B]
     lists = False                   # row i is a Python list / number (Hugging Face datasets)
     why_slow: str | None = None     # set when the gather cannot read it
+    needs_check = False             # check() does something (a memmap's file is stat'ed)
 
     def row(self, i: int) -> Any:
         raise NotImplementedError
@@ -214,10 +219,14 @@ class _Dense(Source):
         return _convert_row(self.arr[i], self.convert)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
-        return _address(self.arr) + rows * _strides_bytes(self.arr)[0]
+        return self.holder.address + rows * self.holder.stride0
 
     def check(self) -> None:
         self.holder.check(self.key)
+
+    @property
+    def needs_check(self) -> bool:
+        return self.holder.mm is not None
 
 
 class _Ragged(Source):
@@ -238,8 +247,7 @@ class _Ragged(Source):
         return _convert_row(self.holder.arr[int(self.offsets[i]):int(self.offsets[i + 1])], self.convert)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
-        arr = self.holder.arr
-        return _address(arr) + self.offsets[rows] * _strides_bytes(arr)[0]
+        return self.holder.address + self.offsets[rows] * self.holder.stride0
 
     def lens(self, rows: np.ndarray) -> np.ndarray:
         return self._lens[rows]
@@ -249,6 +257,10 @@ class _Ragged(Source):
 
     def check(self) -> None:
         self.holder.check(self.key)
+
+    @property
+    def needs_check(self) -> bool:
+        return self.holder.mm is not None
 
 
 class Ragged:
@@ -350,6 +362,13 @@ class ArrayDataset(Dataset):
         if len(set(sizes.values())) > 1:
             raise ValueError(f"fastcollate.ArrayDataset: columns have different numbers of rows: {sizes}")
         self._n = next(iter(sizes.values()))
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # per batch, only these are looked at: whether any column forbids the gather, and the
+        # columns whose storage can change under them (memmaps)
+        self._slow = any(s.why_slow is not None for s in self._sources.values())
+        self._checked = [s for s in self._sources.values() if s.needs_check]
 
     @staticmethod
     def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> "ArrayDataset":
@@ -380,7 +399,7 @@ class ArrayDataset(Dataset):
 
     def __getitem__(self, i: Any) -> Any:
         j = self._row_index(i)
-        for s in self._sources.values():
+        for s in self._checked:
             s.check()
         values = [s.row(j) for s in self._sources.values()]
         return dict(zip(self._sources, values)) if self._mapping else tuple(values)
@@ -395,12 +414,14 @@ class ArrayDataset(Dataset):
             raise TypeError(f"{type(self).__name__}: a batch's indices must be a flat sequence of integers, got "
                             f"{idx.dtype} of shape {list(idx.shape)}")
         idx = idx.astype(np.int64, copy=False)
-        bad = (idx < -self._n) | (idx >= self._n)
-        if bad.any():
-            j = int(idx[np.argmax(bad)])
+        if not idx.size:
+            return idx
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -self._n or hi >= self._n:
+            j = hi if hi >= self._n else lo
             raise IndexError(f"{type(self).__name__}: index {j} is out of range for column {self.columns[0]!r} of "
                              f"{self._n} rows")
-        return np.where(idx < 0, idx + self._n, idx)
+        return idx + self._n * (idx < 0) if lo < 0 else idx
 
     def lengths(self, key: Any) -> np.ndarray:
         """Every row's length in column ``key`` (for LengthGroupedSampler)."""
@@ -440,22 +461,24 @@ class Gathered(collections.abc.Sequence):
 
 
 class _Plan:
+    """The jobs of one gather (see csrc/gather.cpp) and where their outputs go in the arena."""
+
     def __init__(self, rows: int) -> None:
         self.B = rows
         self.nbytes = 0
         self.jobs: list[tuple] = []
-        self.keep: list[Any] = []
+        self.keys: list[tuple[Any, bool]] = []  # (key, a list of [B] tensors rather than one tensor)
 
-    def place(self, nbytes: int) -> int:
+    def add(self, key: Any, kind: int, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
+            src: torch.dtype, dst: torch.dtype, shape: tuple[int, ...], pad: Any = 0, left: bool = False,
+            as_list: bool = False) -> None:
         at = self.nbytes
-        self.nbytes = at + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-        return at
-
-    def job(self, kind: int, offset: int, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
-            src: torch.dtype, dst: torch.dtype, pad: Any = 0, left: bool = False, transposed: bool = False) -> None:
-        p = None if ptrs is None else torch.from_numpy(np.ascontiguousarray(ptrs, dtype=np.int64))
-        n = None if lens is None else torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64))
-        self.jobs.append((kind, offset, p, n, self.B, L, inner, src, dst, pad, left, transposed))
+        size = _numel(shape) * dst.itemsize
+        self.nbytes = at + (size + _ALIGN - 1) // _ALIGN * _ALIGN
+        p = None if ptrs is None else torch.from_numpy(ptrs)
+        n = None if lens is None else torch.from_numpy(lens)
+        self.jobs.append((kind, at, p, n, self.B, L, inner, src, dst, pad, left, as_list, shape))
+        self.keys.append((key, as_list))
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -465,16 +488,22 @@ def _numel(shape: Sequence[int]) -> int:
     return out
 
 
+def _int64(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.int64 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int64)
+
+
 def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> Any:
     """The collated batch, gathered into one arena (``alloc``: nbytes -> uint8 tensor, None for
     the pageable pool); None when only the ordinary path can promise default_collate's result."""
     ds = batch.dataset
+    sources = ds._sources
+    if ds._slow or _ext._C is None:
+        return None
     rows = ds.rows(batch.indices)
     B = len(rows)
-    sources = ds._sources
-    if B == 0 or _ext._C is None or any(s.why_slow is not None for s in sources.values()):
+    if B == 0:
         return None
-    for s in sources.values():
+    for s in ds._checked:
         s.check()
     spec = None
     if pad is not None:
@@ -487,77 +516,50 @@ def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> An
         if any(k is not None and k in sources for k in (spec.mask_key, spec.lengths_key)):
             return None
     plan = _Plan(B)
-    tail: list[tuple[Any, Any]] = []  # the mask and lengths, after every column (as padding appends them)
-    layout: list[tuple[Any, Any]] = []  # (key, how to view it)
     padded = dict(spec.values) if spec is not None else {}
-    first = spec.values[0][0] if spec is not None else None
+    tail: list[tuple] = []  # the mask and lengths go after every column, as padding appends them
     for key, s in sources.items():
-        ptrs = s.ptrs(rows)
+        ptrs = _int64(s.ptrs(rows))
         lens = s.lens(rows)
         inner = _numel(s.trailing)
         if key in padded:
-            if lens is None:
-                lens = np.full(B, s.fixed, dtype=np.int64)
+            lens = np.full(B, s.fixed, dtype=np.int64) if lens is None else _int64(lens)
             dtype = s.pad_dtype(lens)
             try:
                 _check_fits(padded[key], dtype, "")
             except ValueError:
-                return None
-            cut = lens if spec.max_length is None else np.minimum(lens, spec.max_length)
-            L = spec.target(int(cut.max()))
-            item = torch.empty((), dtype=dtype).element_size()
-            at = plan.place(B * L * inner * item)
-            plan.job(_ROWS, at, ptrs, lens, L, inner, s.src, dtype, padded[key], spec.side == "left")
-            layout.append((key, ("tensor", at, dtype, (B, L, *s.trailing))))
-            if key == first:
-                extra = []
+                return None  # the reference's error
+            longest = int(lens.max())
+            L = spec.target(longest if spec.max_length is None else min(longest, spec.max_length))
+            left = spec.side == "left"
+            plan.add(key, _ROWS, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left)
+            if key == spec.values[0][0]:
                 if spec.mask_key is not None:
-                    m_item = torch.empty((), dtype=spec.mask_dtype).element_size()
-                    m_at = plan.place(B * L * m_item)
-                    plan.job(_MASK, m_at, None, lens, L, 1, spec.mask_dtype, spec.mask_dtype, 1, spec.side == "left")
-                    extra.append((spec.mask_key, ("tensor", m_at, spec.mask_dtype, (B, L))))
+                    tail.append((spec.mask_key, _MASK, None, lens, L, 1, spec.mask_dtype, spec.mask_dtype, (B, L), 1,
+                                 left))
                 if spec.lengths_key is not None:
-                    l_at = plan.place(B * 8)
-                    plan.job(_LENGTHS, l_at, None, lens, L, 1, torch.int64, torch.int64)
-                    extra.append((spec.lengths_key, ("tensor", l_at, torch.int64, (B,))))
-                tail = extra
+                    tail.append((spec.lengths_key, _LENGTHS, None, lens, L, 1, torch.int64, torch.int64, (B,)))
             continue
         if lens is not None:
-            if B and (lens != lens[0]).any():
+            if (lens != lens[0]).any():
                 return None  # unequal rows: default_collate's own error, from the ordinary path
             length = int(lens[0])
         else:
             length = 1 if s.scalar else s.fixed
         if s.lists and not s.scalar:  # default_collate of list rows: one [B] tensor per position
-            dtype = s.list_dtype()
-            item = torch.empty((), dtype=dtype).element_size()
-            at = plan.place(B * length * item)
-            plan.job(_ROWS, at, ptrs, None, length, 1, s.src, dtype, 0, False, True)
-            layout.append((key, ("list", at, dtype, (length, B))))
+            plan.add(key, _ROWS, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True)
             continue
-        dtype = s.out
         shape = (B,) if s.scalar else (B, length, *s.trailing)
-        item = torch.empty((), dtype=dtype).element_size()
-        at = plan.place(_numel(shape) * item)
-        plan.job(_ROWS, at, ptrs, None, length, inner, s.src, dtype)
-        layout.append((key, ("tensor", at, dtype, shape)))
-    layout += tail
-    if alloc is None:
-        arena = _ext._C.pool_allocate(max(plan.nbytes, _ALIGN))
-    else:
-        arena = alloc(max(plan.nbytes, _ALIGN))
-    _ext._C.gather(arena, plan.jobs, threads)
-    values = {key: _view(arena, how) for key, how in layout}
+        plan.add(key, _ROWS, ptrs, None, length, inner, s.src, s.out, shape)
+    for job in tail:
+        plan.add(*job)
+    size = max(plan.nbytes, _ALIGN)
+    arena = _ext._C.pool_allocate(size) if alloc is None else alloc(size)
+    views = _ext._C.gather(arena, plan.jobs, threads)
+    values = {key: list(v.unbind(0)) if as_list else v for (key, as_list), v in zip(plan.keys, views)}
     # default_collate: a list for tuple samples; a dict in the samples' key order, padding's
     # mask and lengths appended
-    return values if ds._mapping else [values[k] for k in sources]
-
-
-def _view(arena: torch.Tensor, how: tuple) -> Any:
-    kind, at, dtype, shape = how
-    item = torch.empty((), dtype=dtype).element_size()
-    block = arena.narrow(0, at, _numel(shape) * item).view(dtype).view(shape)
-    return list(block.unbind(0)) if kind == "list" else block
+    return values if ds._mapping else list(values.values())
 
 
 # ----------------------------------------------------------------- token windows
@@ -576,11 +578,15 @@ class _Window(Source):
         return _convert_row(self.holder.arr[start:start + self.fixed], self.out)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
-        arr = self.holder.arr
-        return _address(arr) + (rows * self.stride + self.shift) * _strides_bytes(arr)[0]
+        h = self.holder
+        return h.address + (rows * (self.stride * h.stride0) + self.shift * h.stride0)
 
     def check(self) -> None:
         self.holder.check(self.key)
+
+    @property
+    def needs_check(self) -> bool:
+        return self.holder.mm is not None
 
 
 class TokenWindows(ArrayDataset):
