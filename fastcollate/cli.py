@@ -78,6 +78,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     startup = bench.measure_startup(rounds=1 if args.quick else 3, batches=4 if args.quick else 12)
     print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing):")
     print(bench.format_startup(startup))
+    from . import storage_bench
+
+    storage_rows = storage_bench.run_storage(quick=args.quick, progress=_progress)
+    print("\nbatches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
+          "through a DataLoader (samples/s):")
+    print(storage_bench.format_storage_table(storage_rows))
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
         n = 512 if args.quick else 2048
@@ -90,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows,
-                       "loaders": loader_rows, "startup": startup,
+                       "loaders": loader_rows, "startup": startup, "storage": storage_rows,
                        "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]}, f, indent=2)
         _progress(f"wrote {args.json}")
     if args.plot:

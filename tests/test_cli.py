@@ -28,6 +28,11 @@ def test_bench_quick(tmp_path):
     tiny_row = next(line for line in r.stdout.splitlines() if line.startswith("| 4 x {uint8"))
     assert tiny_row.rstrip().endswith("— |"), tiny_row
     assert "a NEW loader, first epoch" in r.stdout and data["startup"]["epoch_speedup"] > 0
+    # the storage table: every workload present, each baseline a measured rate
+    assert "batches from storage" in r.stdout and "TokenWindows 64 x 1024" in r.stdout
+    names = [row["description"] for row in data["storage"]]
+    assert any("0 workers" in n for n in names) and any("2 workers" in n for n in names)
+    assert all(row["ours"] > 0 and all(v > 0 for v in row["baselines"].values()) for row in data["storage"])
 
 
 def test_bench_sweep_table_and_plot(tmp_path):
