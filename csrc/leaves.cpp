@@ -62,6 +62,34 @@ int numpy_to_tensor(PyObject* obj, at::Tensor* out) {
   return 1;
 }
 
+bool numpy_format(PyObject* obj, std::string* format) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  *format = view.format != nullptr ? view.format : "B";
+  PyBuffer_Release(&view);
+  return true;
+}
+
+const uint8_t* numpy_like(PyObject* obj, const std::string& format0, const at::Tensor& t0) {
+  const PyTypes& T = types();
+  if (T.ndarray == nullptr || !PyObject_TypeCheck(obj, T.ndarray)) return nullptr;
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  bool same = view.ndim == t0.dim() && view.itemsize == t0.element_size() &&
+              format0 == (view.format != nullptr ? view.format : "B") && PyBuffer_IsContiguous(&view, 'C') == 1;
+  for (int d = 0; same && d < view.ndim; ++d) same = view.shape[d] == t0.size(d);
+  const auto* data = static_cast<const uint8_t*>(view.buf);
+  // released at once: the sample's own reference (kept for the copy) keeps the memory alive
+  PyBuffer_Release(&view);
+  return same ? data : nullptr;
+}
+
 void add_rows(Plan& plan, const at::Tensor& t, int64_t rows, size_t dst_offset, bool keep) {
   const at::Tensor part = rows == t.size(0) ? t : t.narrow(0, 0, rows);
   const size_t nbytes = static_cast<size_t>(part.numel()) * part.element_size();

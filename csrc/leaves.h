@@ -2,6 +2,7 @@
 // views, which tensors the arena can hold, and the copy pieces that move their bytes.
 #pragma once
 
+#include <string>
 #include <unordered_map>
 
 #include "plan.h"
@@ -33,6 +34,13 @@ bool plain_tensor(const at::Tensor& t);
 // numpy array -> a tensor sharing its memory: 1, and *out set; 0: not an ndarray; -1: an
 // ndarray torch.as_tensor would refuse (or that needs its error message).
 int numpy_to_tensor(PyObject* obj, at::Tensor* out);
+
+// The buffer-protocol format string of an ndarray (false: it exports no buffer).
+bool numpy_format(PyObject* obj, std::string* format);
+
+// An ndarray's bytes read straight from its buffer (no tensor made) when it is laid out as
+// sample 0's tensor t0 (same buffer format, shape, C order); nullptr otherwise.
+const uint8_t* numpy_like(PyObject* obj, const std::string& format0, const at::Tensor& t0);
 
 // A sample tensor's first `rows` rows, copied to dst_offset (memcpy piece, or a conversion for
 // strided / conjugated sources). keep: hold a reference for the GIL-free copy.

@@ -223,7 +223,46 @@ class Walker {
 
   void numpy_leaf(Node& node, Samples samples, Parent parent) {
     if (refused_numpy_dtype(samples[0])) return defer(node, samples, parent);  // the reference raises TypeError
-    tensor_leaf(node, samples, parent, /*numpy=*/true);
+    if (!numpy_direct(node, samples)) tensor_leaf(node, samples, parent, /*numpy=*/true);
+  }
+
+  // The common numpy column -- every array laid out as sample 0, C-contiguous -- read from the
+  // arrays' buffers: one tensor made for sample 0 (its dtype, as torch.as_tensor gives it), a
+  // buffer-protocol read for the rest. Anything else (and any doubt) goes the tensor way.
+  bool numpy_direct(Node& node, Samples samples) {
+    const size_t B = samples.size();
+    at::Tensor t0;
+    std::string format0;
+    if (numpy_to_tensor(samples[0], &t0) != 1 || !plain_tensor(t0) || !t0.is_contiguous() ||
+        !numpy_format(samples[0], &format0)) {
+      return false;
+    }
+    const size_t per = static_cast<size_t>(t0.numel()) * t0.element_size();
+    std::vector<const uint8_t*> srcs(B);
+    srcs[0] = static_cast<const uint8_t*>(t0.const_data_ptr());
+    for (size_t i = 1; i < B; ++i) {
+      srcs[i] = numpy_like(samples[i], format0, t0);
+      if (srcs[i] == nullptr) return false;
+    }
+    const size_t offset = plan_.reserve(per * B);
+    if (per > 0) {
+      plan_.pieces.reserve(plan_.pieces.size() + B);
+      plan_.keep_objects.reserve(plan_.keep_objects.size() + B);
+      for (size_t i = 0; i < B; ++i) {
+        plan_.pieces.push_back({srcs[i], offset + i * per, per});
+        plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
+      }
+    }
+    node.kind = NodeKind::Tensor;
+    node.dtype = t0.scalar_type();
+    node.sizes.clear();
+    node.sizes.push_back(static_cast<int64_t>(B));
+    node.sizes.insert(node.sizes.end(), t0.sizes().begin(), t0.sizes().end());
+    node.strides.clear();
+    node.nbytes = per * B;
+    node.offset = offset;
+    ++plan_.tensor_leaves;
+    return true;
   }
 
   // A 1-D leaf of one scalar per sample, written into the plan's scalar buffer.
