@@ -37,7 +37,10 @@ bool same_key(PyObject* a, PyObject* b) {
   const Py_hash_t ha = reinterpret_cast<PyASCIIObject*>(a)->hash;
   const Py_hash_t hb = reinterpret_cast<PyASCIIObject*>(b)->hash;
   if (ha != -1 && hb != -1 && ha != hb) return false;
-  return PyUnicode_Compare(a, b) == 0;
+  // equal strings are stored alike (same length, same kind of code unit): compare the units
+  const Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+  if (n != PyUnicode_GET_LENGTH(b) || PyUnicode_KIND(a) != PyUnicode_KIND(b)) return false;
+  return std::memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), static_cast<size_t>(n) * PyUnicode_KIND(a)) == 0;
 }
 
 // A column of the fused sample-major pass (see Walker::fused_columns).
