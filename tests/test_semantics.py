@@ -353,3 +353,18 @@ def test_strided_sources_copied_by_the_engine_equal_stack(name, threads):
     batch = STRIDED[name]()
     want = default_collate(batch)
     assert_same(fastcollate.Collator(num_threads=threads)(batch), want)
+
+
+def test_equal_keys_built_per_sample_of_every_string_kind():
+    # keys made anew per sample (f-strings, decoded text): equal strings, distinct objects, of
+    # 1-, 2- and 4-byte code units; and a near-miss of the same length
+    names = ["plain", "caf\u00e9", "\u6f22\u5b57", "emoji\U0001f600"]
+    batch = [{"".join(list(n)) + str(j % 1): torch.full((2,), float(i)) for j, n in enumerate(names)}
+             for i in range(5)]
+    assert_same(fastcollate.collate(batch), default_collate(batch))
+    odd = [dict(s) for s in batch]
+    odd[3] = {("caf\u00e8" + "0" if k.startswith("caf") else k): v for k, v in odd[3].items()}
+    with pytest.raises(KeyError):
+        default_collate(odd)
+    with pytest.raises(KeyError):
+        fastcollate.collate(odd)
