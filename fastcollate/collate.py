@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from . import _ext, reference
-from .arrays import Gathered, gather
+from .arrays import Gathered
+from .gather import gather
 from .pad import PadSpec
 
 logger = logging.getLogger("fastcollate")

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .arrays import ArrayDataset, Source, _torch_dtype
+from .arrays import ArrayDataset
+from .columns import Source, _torch_dtype
 
 
 def _kind(t: Any) -> str | None:

@@ -142,10 +142,10 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
         import datasets
     except ImportError:
         return None
-    hf = datasets.Dataset.from_dict(_token_lists(rows))
-    features = hf.features.copy()
-    features["input_ids"] = datasets.Sequence(datasets.Value("int32"))  # as a tokenizer's map stores them
-    hf = hf.cast(features)
+    # input_ids as int32: how a tokenizer's map stores them
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "label": datasets.Value("int64")})
+    hf = datasets.Dataset.from_dict(_token_lists(rows), features=features)
     ours_ds = ArrayDataset.from_hf(hf)
     tok = _tokenizer()
     if tok is not None:
@@ -211,7 +211,6 @@ def run_storage(quick: bool = False, progress: Callable[[str], None] | None = No
             row = step()
             if row is not None:
                 out.append(row)
-        del tokens
     return out
 
 

@@ -93,3 +93,20 @@ def test_cuda_prefetcher_on_cpu():
     want = reference(ds, tud.BatchSampler(tud.SequentialSampler(ds), 8, False), Collator(pad={"ids": 0}).pad.collate)
     for a, b in zip(fastcollate.CudaPrefetcher(loader, device="cpu"), want, strict=True):
         assert_same(a, b, contiguous=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_same_batches_as_torchs_loader_with_the_same_arguments(workers):
+    ds = fastcollate.ArrayDataset({k: v for k, v in columns(50).items() if k != "ids"})
+
+    def kw():
+        return dict(batch_size=8, shuffle=True, drop_last=True, num_workers=workers,
+                    generator=torch.Generator().manual_seed(11))
+
+    theirs = tud.DataLoader(ds, **kw())  # torch's default_collate over the same ordinary samples
+    ours = fastcollate.DataLoader(ds, **kw())
+    for epoch in range(2):
+        got, want = list(ours), list(theirs)
+        assert len(got) == len(want) == 6
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)

@@ -1,0 +1,124 @@
+"""The gather of an ArrayDataset batch: the plan (row addresses, lengths, output shapes, arena
+offsets) in Python over numpy index arithmetic, the bytes moved and converted by
+``fastcollate._C.gather`` (csrc/gather.cpp) without the GIL. The exactness rule is the
+library's: a gathered batch equals ``default_collate([ds[i] for i in indices])`` (or the padding
+reference of the same samples) element for element, dtype and shape; whenever the gather cannot
+promise that (rows of unequal length with no padding, a dtype or layout it does not read, pad
+values that do not fit, ...) it returns None and the batch is materialized and goes the
+ordinary way, errors included.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from . import _ext
+from .arrays import Gathered
+from .pad import PadSpec, _check_fits
+
+_ALIGN = 64
+_ROWS, _MASK, _LENGTHS = 0, 1, 2
+
+
+class _Plan:
+    """The jobs of one gather (see csrc/gather.cpp) and where their outputs go in the arena."""
+
+    def __init__(self, rows: int) -> None:
+        self.B = rows
+        self.nbytes = 0
+        self.jobs: list[tuple] = []
+        self.keys: list[tuple[Any, bool]] = []  # (key, a list of [B] tensors rather than one tensor)
+
+    def add(self, key: Any, kind: int, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
+            src: torch.dtype, dst: torch.dtype, shape: tuple[int, ...], pad: Any = 0, left: bool = False,
+            as_list: bool = False) -> None:
+        at = self.nbytes
+        size = _numel(shape) * dst.itemsize
+        self.nbytes = at + (size + _ALIGN - 1) // _ALIGN * _ALIGN
+        p = None if ptrs is None else torch.from_numpy(ptrs)
+        n = None if lens is None else torch.from_numpy(lens)
+        self.jobs.append((kind, at, p, n, self.B, L, inner, src, dst, pad, left, as_list, shape))
+        self.keys.append((key, as_list))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _int64(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.int64 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int64)
+
+
+def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> Any:
+    """The collated batch, gathered into one arena (``alloc``: nbytes -> uint8 tensor, None for
+    the pageable pool); None when only the ordinary path can promise default_collate's result."""
+    ds = batch.dataset
+    sources = ds._sources
+    if ds._slow or _ext._C is None:
+        return None
+    rows = ds.rows(batch.indices)
+    B = len(rows)
+    if B == 0:
+        return None
+    for s in ds._checked:
+        s.check()
+    spec = None
+    if pad is not None:
+        if not ds._mapping:
+            return None
+        present = tuple(k for k, _ in pad.optional if k in sources and not sources[k].scalar)
+        spec = pad._for(present)[0]
+        if any(k not in sources or sources[k].scalar for k, _ in spec.values):
+            return None
+        if any(k is not None and k in sources for k in (spec.mask_key, spec.lengths_key)):
+            return None
+    plan = _Plan(B)
+    padded = dict(spec.values) if spec is not None else {}
+    tail: list[tuple] = []  # the mask and lengths go after every column, as padding appends them
+    for key, s in sources.items():
+        ptrs = _int64(s.ptrs(rows))
+        lens = s.lens(rows)
+        inner = _numel(s.trailing)
+        if key in padded:
+            lens = np.full(B, s.fixed, dtype=np.int64) if lens is None else _int64(lens)
+            dtype = s.pad_dtype(lens)
+            try:
+                _check_fits(padded[key], dtype, "")
+            except ValueError:
+                return None  # the reference's error
+            longest = int(lens.max())
+            L = spec.target(longest if spec.max_length is None else min(longest, spec.max_length))
+            left = spec.side == "left"
+            plan.add(key, _ROWS, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left)
+            if key == spec.values[0][0]:
+                if spec.mask_key is not None:
+                    tail.append((spec.mask_key, _MASK, None, lens, L, 1, spec.mask_dtype, spec.mask_dtype, (B, L), 1,
+                                 left))
+                if spec.lengths_key is not None:
+                    tail.append((spec.lengths_key, _LENGTHS, None, lens, L, 1, torch.int64, torch.int64, (B,)))
+            continue
+        if lens is not None:
+            if (lens != lens[0]).any():
+                return None  # unequal rows: default_collate's own error, from the ordinary path
+            length = int(lens[0])
+        else:
+            length = 1 if s.scalar else s.fixed
+        if s.lists and not s.scalar:  # default_collate of list rows: one [B] tensor per position
+            plan.add(key, _ROWS, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True)
+            continue
+        shape = (B,) if s.scalar else (B, length, *s.trailing)
+        plan.add(key, _ROWS, ptrs, None, length, inner, s.src, s.out, shape)
+    for job in tail:
+        plan.add(*job)
+    size = max(plan.nbytes, _ALIGN)
+    arena = _ext._C.pool_allocate(size) if alloc is None else alloc(size)
+    views = _ext._C.gather(arena, plan.jobs, threads)
+    values = {key: list(v.unbind(0)) if as_list else v for (key, as_list), v in zip(plan.keys, views)}
+    # default_collate: a list for tuple samples; a dict in the samples' key order, padding's
+    # mask and lengths appended
+    return values if ds._mapping else list(values.values())
