@@ -10,6 +10,7 @@ from torch.utils.data import default_collate
 
 import fastcollate
 from fastcollate import workloads
+from held import run_held
 
 NAMES = list(workloads.WORKLOADS)
 
@@ -20,13 +21,7 @@ def workload(request):
 
 
 def _run(benchmark, name, fn):
-    benchmark.group = name
-    held = [fn()]
-
-    def step():  # keep the previous batch alive, as a training loop does
-        held[0] = fn()
-
-    benchmark.pedantic(step, rounds=15, iterations=3, warmup_rounds=2)
+    run_held(benchmark, name, fn)
 
 
 def test_default_collate(benchmark, workload):

@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset, default_collate
 
 import fastcollate
 from fastcollate import storage_bench as sb
+from held import run_held
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +22,7 @@ def tokens(tmp_path_factory):
 
 
 def _run(benchmark, group, fn):
-    benchmark.group = group
-    held = [fn()]
-
-    def step():  # keep the previous batch alive, as a training loop does
-        held[0] = fn()
-
-    benchmark.pedantic(step, rounds=20, iterations=5, warmup_rounds=2)
+    run_held(benchmark, group, fn, rounds=20, iterations=5)
 
 
 def _indices(n, batch, seed=0):

@@ -43,3 +43,16 @@ def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = Tr
 
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:
     return list(iter_tensors(obj))
+
+
+def resumed_epoch(make, head):
+    """An epoch of loaders built by ``make()`` (stateful ones), interrupted after ``head``
+    batches and resumed from its state_dict in a new loader: the batches, and that loader."""
+    first = make()
+    it = iter(first)
+    batches = [next(it) for _ in range(head)]
+    state = first.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    return batches + list(resumed), resumed

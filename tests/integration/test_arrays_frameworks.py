@@ -6,7 +6,7 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from helpers import assert_same
+from helpers import assert_same, resumed_epoch
 
 
 def windows():
@@ -24,14 +24,7 @@ def test_stateful_loader_resumes_token_windows(workers):
                    generator=torch.Generator().manual_seed(3))
 
     full = list(make(StatefulDataLoader))
-    ours = make(fastcollate.StatefulDataLoader)
-    it = iter(ours)
-    head = [next(it) for _ in range(4)]
-    state = ours.state_dict()
-    del it
-    resumed = make(fastcollate.StatefulDataLoader)
-    resumed.load_state_dict(state)
-    got = head + list(resumed)
+    got, resumed = resumed_epoch(lambda: make(fastcollate.StatefulDataLoader), 4)
     assert len(got) == len(full) == 10
     for a, b in zip(got, full, strict=True):
         assert_same(a, b)

@@ -6,7 +6,7 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from helpers import assert_same
+from helpers import assert_same, resumed_epoch
 
 
 class Imgs(tud.Dataset):
@@ -114,14 +114,8 @@ def test_stateful_loader_resumes_exactly(workers):
                    generator=torch.Generator().manual_seed(3))
 
     full = list(make(StatefulDataLoader))
-    ours = make(fastcollate.StatefulDataLoader)
-    it = iter(ours)
-    head = [next(it) for _ in range(5)]
-    state = ours.state_dict()
-    del it
-    resumed = make(fastcollate.StatefulDataLoader)
-    resumed.load_state_dict(state)
-    _same_batches(head + list(resumed), full)
+    got, resumed = resumed_epoch(lambda: make(fastcollate.StatefulDataLoader), 5)
+    _same_batches(got, full)
     assert len(full) == 12
     if workers:
         assert resumed.stats()["ring_hits"] == 7
