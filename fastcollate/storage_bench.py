@@ -21,7 +21,9 @@ from .loader import DataLoader
 
 
 class NaiveWindows(Dataset):
-    """The usual map-style token dataset: a pair of int64 tensors per window, default_collate."""
+    """The usual map-style token dataset: one window of seq_len + 1 tokens made int64 with
+    ``torch.from_numpy(tokens[s:s+L+1].astype(np.int64))``, returned as its (x, y) pair of views;
+    default_collate stacks them."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int) -> None:
         self.tokens, self.seq_len = tokens, seq_len
@@ -31,8 +33,8 @@ class NaiveWindows(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         s, L = i * self.seq_len, self.seq_len
-        return (torch.from_numpy(self.tokens[s:s + L].astype(np.int64)),
-                torch.from_numpy(self.tokens[s + 1:s + 1 + L].astype(np.int64)))
+        w = torch.from_numpy(self.tokens[s:s + L + 1].astype(np.int64))
+        return w[:-1], w[1:]
 
 
 class GetBatch(IterableDataset):

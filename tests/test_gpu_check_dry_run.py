@@ -19,10 +19,11 @@ def test_gpu_check_dry_run(tmp_path):
     rows = [line for line in r.stdout.splitlines() if line.startswith("ROW | ")]
     assert rows[0].startswith("ROW | preflight | torch ")
     for name in ("plain loop .to(non_blocking)", "through CudaPrefetcher", "step: fastcollate.DataLoader",
-                 "data-bound samples/s", "train_one_epoch auto", "StallMonitor: slow dataset",
+                 "data-bound samples/s", "TokenWindows via the ring", "train_one_epoch auto", "StallMonitor: slow dataset",
                  "StallMonitor: heavy model"):
         assert any(name in row for row in rows), name
     assert any("corrupted batches" in row and "| 0 of" in row for row in rows)
+    assert any("TokenWindows via the ring" in row and "| 0 of" in row for row in rows)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["rows"]) == len(rows) and (tmp_path / "RESULTS.md").read_text().count("\n| ") == len(rows) + 1
     assert open(results).read() == before

@@ -132,3 +132,17 @@ def test_bad_columns_and_nulls():
     with pytest.raises(type(theirs.value)):
         fastcollate.collate(ds.__getitems__([0, 1, 2]))
     assert_same(fastcollate.collate(ds.__getitems__([0, 0])), default_collate([holes[0], holes[0]]))
+
+
+def test_a_dataset_on_disk_memory_mapped(tmp_path):
+    hf = variants()["chunked"]
+    hf.save_to_disk(str(tmp_path / "ds"))
+    on_disk = datasets.load_from_disk(str(tmp_path / "ds")).shuffle(seed=4)
+    ds = ArrayDataset.from_hf(on_disk, columns=["input_ids", "scores", "label"])
+    c = Collator(pad={"input_ids": 0, "scores": 0.0}, max_length=6, padding_side="left")
+    loader = fastcollate.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=c, multiprocessing_context="spawn")
+    want = [c.pad.collate([{k: on_disk[i][k] for k in ds.columns} for i in range(s, min(s + 8, len(ds)))])
+            for s in range(0, len(ds), 8)]
+    for a, b in zip(loader, want, strict=True):
+        assert_same(a, b)
+    assert loader.stats()["ring_hits"] == len(want)
