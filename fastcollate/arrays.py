@@ -76,6 +76,11 @@ class ArrayDataset(Dataset):
     def columns(self) -> list[Any]:
         return list(self._sources)
 
+    def ungathered(self) -> dict[Any, str]:
+        """The columns the gather cannot read, each with why; while there is one, every batch
+        is materialized and collated the ordinary way (still exact, without the speed)."""
+        return {k: s.why_slow for k, s in self._sources.items() if s.why_slow is not None}
+
     def __len__(self) -> int:
         return self._n
 

@@ -104,6 +104,7 @@ def test_non_contiguous_and_odd_columns_take_the_ordinary_path():
     swapped = base.astype(">i8")  # byte-swapped: ordinary path (default_collate's own behaviour)
     for col, fast in ((strided_rows, 0), (every_other, 1)):
         ds = ArrayDataset({"a": col})
+        assert ds.ungathered() == ({} if fast else {"a": "its rows are not contiguous"})
         got, n = gathered(fastcollate.collate, ds, [4, 1])
         assert n == fast
         assert_same(got, plain(ds, [4, 1]))
