@@ -62,6 +62,16 @@ class ThreadPool {
     while (static_cast<int>(workers_.size()) < n) workers_.emplace_back([this] { loop(); });
   }
 
+  // Called once per parallel run: helpers poll after it only while runs come closer together
+  // than the poll itself lasts (back-to-back batches); when they come further apart, polling
+  // would only burn a core that a DataLoader worker or the training step could use.
+  void begin_run() {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+    const int64_t last = last_run_ns_.exchange(now, std::memory_order_relaxed);
+    poll_.store(last != 0 && now - last < spin_ns(), std::memory_order_relaxed);
+  }
+
   void submit(std::function<void()> task) {
     bool wake;
     {
@@ -77,7 +87,7 @@ class ThreadPool {
   // Polls for up to spin_ns() for a task to appear; true when one may have.
   bool spin_for_work() {
     const int64_t limit = spin_ns();
-    if (limit == 0) return false;
+    if (limit == 0 || !poll_.load(std::memory_order_relaxed)) return false;
     const auto start = std::chrono::steady_clock::now();
     for (int i = 1;; ++i) {
       if (pending_.load(std::memory_order_acquire) > 0 || stopping_.load(std::memory_order_relaxed)) return true;
@@ -112,6 +122,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::atomic<int> pending_{0};  // queued tasks, read without the lock by spinning helpers
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> last_run_ns_{0};
+  std::atomic<bool> poll_{false};  // whether idle helpers poll before sleeping (see begin_run)
   int sleepers_ = 0;             // helpers blocked on cv_ (under mu_)
   bool stop_ = false;
 };
@@ -251,6 +263,7 @@ void parallel_run(int ntasks, const std::function<void(int)>& fn, int max_thread
     return;
   }
   ThreadPool& pool = pool_for_this_process(std::min(threads - 1, 63));
+  pool.begin_run();
   auto run = std::make_shared<Run>();
   run->ntasks = ntasks;
   run->fn = &fn;
