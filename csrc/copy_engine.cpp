@@ -224,29 +224,28 @@ namespace {
 // counter and leaves, never touching fn, which lives on the caller's stack.
 struct Run {
   std::atomic<int> next{0};
+  std::atomic<int> done{0};  // tasks completed
   int ntasks = 0;
   const std::function<void(int)>* fn = nullptr;
-  std::mutex mu;
+  std::mutex mu;  // guards error; taken to notify, so the caller's wait cannot miss the last task
   std::condition_variable cv;
-  int finished = 0;  // tasks completed (under mu)
-  std::atomic<int> done{0};  // the same count, for polling without the lock
   std::exception_ptr error;
 
-  // Claims and runs tasks until none is left; true when it ran the last one to finish.
+  // Claims and runs tasks until none is left.
   void work() {
     for (;;) {
       const int i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= ntasks) return;
-      std::exception_ptr err;
       try {
         (*fn)(i);
       } catch (...) {
-        err = std::current_exception();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mu);
-      if (err && !error) error = err;
-      done.fetch_add(1, std::memory_order_release);
-      if (++finished == ntasks) cv.notify_all();
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == ntasks) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
     }
   }
 };
@@ -272,7 +271,7 @@ void parallel_run(int ntasks, const std::function<void(int)>& fn, int max_thread
   // the helpers' last tasks are short (a share of one batch): poll before sleeping on the condvar
   for (int i = 0; run->done.load(std::memory_order_acquire) < ntasks && i < (1 << 16); ++i) cpu_relax();
   std::unique_lock<std::mutex> lock(run->mu);
-  run->cv.wait(lock, [&run] { return run->finished == run->ntasks; });
+  run->cv.wait(lock, [&run] { return run->done.load(std::memory_order_acquire) == run->ntasks; });
   if (run->error) std::rethrow_exception(run->error);
 }
 

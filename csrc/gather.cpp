@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "copy_engine.h"
@@ -34,9 +35,20 @@ struct Job {
   size_t row_bytes = 0;           // output bytes per row, for the split across threads
 };
 
+// Half and BFloat16 convert through float, as c10's conversions do (and as torch's .to() does).
+template <typename S>
+inline auto widened(S x) {
+  if constexpr (std::is_same_v<S, c10::Half> || std::is_same_v<S, c10::BFloat16>) {
+    return static_cast<float>(x);
+  } else {
+    return x;
+  }
+}
+
+// n elements; dst element k at d[k * stride] (stride > 1: a transposed block)
 template <typename S, typename D>
-void convert(const S* s, D* d, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) d[k] = static_cast<D>(s[k]);
+void convert(const S* s, D* d, int64_t n, int64_t stride) {
+  for (int64_t k = 0; k < n; ++k) d[k * stride] = static_cast<D>(widened(s[k]));
 }
 
 // torch's dtypes that a column can hold, each with its C type
@@ -74,36 +86,22 @@ bool convertible_to(at::ScalarType t) {
 }
 
 template <typename S>
-void convert_from(const S* s, void* d, at::ScalarType dst, int64_t n) {
+void convert_from(const S* s, void* d, at::ScalarType dst, int64_t n, int64_t stride) {
   switch (dst) {
-    case at::kLong: return convert(s, static_cast<int64_t*>(d), n);
-    case at::kInt: return convert(s, static_cast<int32_t*>(d), n);
-    case at::kFloat: return convert(s, static_cast<float*>(d), n);
-    case at::kDouble: return convert(s, static_cast<double*>(d), n);
-    case at::kHalf: return convert(s, static_cast<c10::Half*>(d), n);
-    case at::kBFloat16: return convert(s, static_cast<c10::BFloat16*>(d), n);
+    case at::kLong: return convert(s, static_cast<int64_t*>(d), n, stride);
+    case at::kInt: return convert(s, static_cast<int32_t*>(d), n, stride);
+    case at::kFloat: return convert(s, static_cast<float*>(d), n, stride);
+    case at::kDouble: return convert(s, static_cast<double*>(d), n, stride);
+    case at::kHalf: return convert(s, static_cast<c10::Half*>(d), n, stride);
+    case at::kBFloat16: return convert(s, static_cast<c10::BFloat16*>(d), n, stride);
     default: TORCH_CHECK(false, "fastcollate gather: no conversion into ", dst);
   }
 }
 
-// Half/BFloat16 into integers go through float, as c10's conversions do.
-template <>
-void convert_from<c10::Half>(const c10::Half* s, void* d, at::ScalarType dst, int64_t n) {
-  std::vector<float> f(s, s + n);
-  if (dst == at::kHalf) return convert(f.data(), static_cast<c10::Half*>(d), n);
-  convert_from<float>(f.data(), d, dst, n);
-}
-template <>
-void convert_from<c10::BFloat16>(const c10::BFloat16* s, void* d, at::ScalarType dst, int64_t n) {
-  std::vector<float> f(s, s + n);
-  if (dst == at::kBFloat16) return convert(f.data(), static_cast<c10::BFloat16*>(d), n);
-  convert_from<float>(f.data(), d, dst, n);
-}
-
-void convert_any(const void* s, at::ScalarType src, void* d, at::ScalarType dst, int64_t n) {
+void convert_any(const void* s, at::ScalarType src, void* d, at::ScalarType dst, int64_t n, int64_t stride = 1) {
 #define FC_CASE(st, ct) \
   case st:              \
-    return convert_from<ct>(static_cast<const ct*>(s), d, dst, n);
+    return convert_from<ct>(static_cast<const ct*>(s), d, dst, n, stride);
   switch (src) {
     FC_GATHER_TYPES(FC_CASE)
     default:
@@ -147,8 +145,7 @@ void run_row(const Job& j, int64_t i) {
     if (j.src == j.dst_t) {
       for (int64_t t = 0; t < n; ++t) std::memcpy(j.dst + (t * j.rows + i) * item, src + t * item, item);
     } else {
-      const size_t sitem = c10::elementSize(j.src);
-      for (int64_t t = 0; t < n; ++t) convert_any(src + t * sitem, j.src, j.dst + (t * j.rows + i) * item, j.dst_t, 1);
+      convert_any(src, j.src, j.dst + i * item, j.dst_t, n, j.rows);
     }
     return;
   }
@@ -180,6 +177,7 @@ void pad_element(py::handle value, at::ScalarType t, uint8_t* out) {
 #undef FC_CASE
 }
 
+// The tensor stays alive for the whole call: the job tuples, in the list the caller passed, hold it.
 const int64_t* int64_data(py::handle obj, int64_t rows, const char* what) {
   if (obj.is_none()) return nullptr;
   const at::Tensor t = obj.cast<at::Tensor>();
@@ -235,7 +233,6 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
   const size_t capacity = static_cast<size_t>(arena.numel());
   auto* base = static_cast<uint8_t*>(arena.data_ptr());
   std::vector<Job> jobs;
-  std::vector<py::object> keep;  // the index tensors stay alive while the copy runs
   py::list views;
   size_t total = 0;
   for (py::handle h : specs) {
@@ -282,8 +279,6 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
                   shape, " does not cover its job's output");
       views.append(arena_view(arena, offset, j.dst_t, shape));
     }
-    keep.push_back(py::reinterpret_borrow<py::object>(s[2]));
-    keep.push_back(py::reinterpret_borrow<py::object>(s[3]));
     jobs.push_back(j);
   }
   {

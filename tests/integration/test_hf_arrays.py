@@ -74,6 +74,15 @@ def test_unpadded_batches_are_default_collates():
     got, n = gathered(fastcollate.collate, ds, idx)  # equal-length lists: one [B] tensor per position
     assert n == 1
     assert_same(got, default_collate([{k: hf[i][k] for k in ds.columns} for i in idx]))
+    # converted on the way into the per-position block: int32 -> int64, float32 -> float64
+    narrow = datasets.Dataset.from_dict({"pair": [[i, -i, 7] for i in range(12)],
+                                         "xy": [[i / 3, -i / 7] for i in range(12)]},
+                                        features=datasets.Features({"pair": datasets.Sequence(datasets.Value("int32")),
+                                                                    "xy": datasets.Sequence(datasets.Value("float32"))}))
+    nds = ArrayDataset.from_hf(narrow)
+    got, n = gathered(fastcollate.collate, nds, [11, 0, 5, 5])
+    assert n == 1
+    assert_same(got, default_collate([narrow[i] for i in [11, 0, 5, 5]]))
     ragged = ArrayDataset.from_hf(hf, columns=["input_ids"])
     with pytest.raises(RuntimeError, match="equal size"):
         fastcollate.collate(ragged.__getitems__([0, 1, 2, 3]))
