@@ -4,13 +4,11 @@
 #include <atomic>
 
 #include "arena_pool.h"
+#include "gather.h"
 #include "pad.h"
 #include "plan.h"
 
 namespace fastcollate {
-namespace {
-
-std::atomic<uint64_t> g_batches{0}, g_bytes{0}, g_leaves{0}, g_deferred{0};
 
 at::Tensor checked_arena(py::handle alloc_fn, size_t nbytes) {
   at::Tensor arena = py::reinterpret_borrow<py::object>(alloc_fn)(nbytes).cast<at::Tensor>();
@@ -22,6 +20,10 @@ at::Tensor checked_arena(py::handle alloc_fn, size_t nbytes) {
               "fastcollate: the arena must be ", kLeafAlign, "-byte aligned");
   return arena;
 }
+
+namespace {
+
+std::atomic<uint64_t> g_batches{0}, g_bytes{0}, g_leaves{0}, g_deferred{0};
 
 // One batch: walk (GIL held), allocate the arena, copy (GIL released), rebuild (GIL held).
 // alloc_fn is None for the pageable pool, else a callable nbytes -> uint8 tensor.
@@ -59,6 +61,7 @@ py::dict stats() {
   d["bytes"] = g_bytes.load();
   d["tensor_leaves"] = g_leaves.load();
   d["deferred_leaves"] = g_deferred.load();
+  d["gathered_batches"] = g_gathered_batches.load();
   d["arenas_allocated"] = p.allocated;
   d["arenas_reused"] = p.reused;
   d["arenas_unpooled"] = p.unpooled;
@@ -75,6 +78,7 @@ void reset_counters() {
   g_bytes = 0;
   g_leaves = 0;
   g_deferred = 0;
+  g_gathered_batches = 0;
 }
 
 // Raw threaded copy of src into dst (same byte size): the benchmark's engine ceiling and a
@@ -98,6 +102,7 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
 
 void register_ring_ops(pybind11::module_& m);
 void register_gather_ops(pybind11::module_& m);
+void register_fixed_gather(pybind11::module_& m);
 #if FASTCOLLATE_WITH_CUDA
 void register_cuda_ops(pybind11::module_& m);
 void register_host_ops(pybind11::module_& m);
@@ -122,6 +127,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
   fc::register_ring_ops(m);
   fc::register_gather_ops(m);
+  fc::register_fixed_gather(m);
 #if FASTCOLLATE_WITH_CUDA
   fc::register_cuda_ops(m);
   fc::register_host_ops(m);

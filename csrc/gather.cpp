@@ -13,27 +13,11 @@
 #include <vector>
 
 #include "copy_engine.h"
+#include "gather.h"
 #include "plan.h"
 
 namespace fastcollate {
 namespace {
-
-enum class JobKind : int { Rows = 0, Mask = 1, Lengths = 2 };
-
-struct Job {
-  JobKind kind = JobKind::Rows;
-  uint8_t* dst = nullptr;
-  const int64_t* ptrs = nullptr;  // B source addresses (Rows)
-  const int64_t* lens = nullptr;  // B lengths in positions; nullptr: every row has `L`
-  int64_t rows = 0;               // B
-  int64_t L = 0;                  // positions per output row (rows longer are truncated)
-  int64_t inner = 1;              // elements per position
-  at::ScalarType src = at::kByte, dst_t = at::kByte;
-  uint8_t pad[16] = {0};          // one element of dst_t: the pad value, or the mask's 1
-  bool left = false;
-  bool transposed = false;        // Rows into an [L, B] block (inner == 1): default_collate of list rows
-  size_t row_bytes = 0;           // output bytes per row, for the split across threads
-};
 
 // Half and BFloat16 convert through float, as c10's conversions do (and as torch's .to() does).
 template <typename S>
@@ -48,6 +32,10 @@ inline auto widened(S x) {
 // n elements; dst element k at d[k * stride] (stride > 1: a transposed block)
 template <typename S, typename D>
 void convert(const S* s, D* d, int64_t n, int64_t stride) {
+  if (stride == 1) {  // its own loop: the compiler vectorizes a unit-stride one only
+    for (int64_t k = 0; k < n; ++k) d[k] = static_cast<D>(widened(s[k]));
+    return;
+  }
   for (int64_t k = 0; k < n; ++k) d[k * stride] = static_cast<D>(widened(s[k]));
 }
 
@@ -67,7 +55,9 @@ void convert(const S* s, D* d, int64_t n, int64_t stride) {
   _(at::kFloat, float)               \
   _(at::kDouble, double)
 
-bool supported(at::ScalarType t) {
+}  // namespace
+
+bool gather_supported(at::ScalarType t) {
 #define FC_CASE(st, ct) \
   case st:              \
     return true;
@@ -80,10 +70,12 @@ bool supported(at::ScalarType t) {
 }
 
 // What a conversion may widen into (any column dtype may also stay as it is: a byte copy).
-bool convertible_to(at::ScalarType t) {
+bool gather_convertible_to(at::ScalarType t) {
   return t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble || t == at::kHalf ||
          t == at::kBFloat16;
 }
+
+namespace {
 
 template <typename S>
 void convert_from(const S* s, void* d, at::ScalarType dst, int64_t n, int64_t stride) {
@@ -187,34 +179,31 @@ const int64_t* int64_data(py::handle obj, int64_t rows, const char* what) {
   return t.data_ptr<int64_t>();
 }
 
+}  // namespace
+
+std::atomic<uint64_t> g_gathered_batches{0};
+
+// Row-major: row i of every job before row i + 1, so a sample's columns are written while its
+// source lines are still in cache (TokenWindows' input_ids and labels read the same window);
+// threads take contiguous row ranges, every job's rows costing the same.
 void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads) {
+  int64_t rows = 0;
+  for (const Job& j : jobs) rows = std::max(rows, j.rows);
+  auto run_rows = [&jobs](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      for (const Job& j : jobs)
+        if (i < j.rows) run_row(j, i);
+  };
   const int threads = total < kParallelCopyMinBytes ? 1 : std::max(1, num_threads);
-  if (threads == 1) {
-    for (const Job& j : jobs)
-      for (int64_t i = 0; i < j.rows; ++i) run_row(j, i);
+  if (threads == 1 || rows < 2) {
+    run_rows(0, rows);
     return;
   }
-  // rows split by output bytes: task t takes the rows whose first byte falls in its share;
   // more tasks than threads, claimed as threads come free
-  const int tasks = threads * kTasksPerThread;
-  const size_t share = (total + tasks - 1) / tasks;
-  parallel_run(tasks, [&](int t) {
-    const size_t lo = share * t, hi = std::min(total, share * (t + 1));
-    size_t start = 0;
-    for (const Job& j : jobs) {
-      const size_t end = start + j.row_bytes * j.rows;
-      if (j.row_bytes > 0 && end > lo && start < hi) {
-        const int64_t first = lo <= start ? 0 : static_cast<int64_t>((lo - start + j.row_bytes - 1) / j.row_bytes);
-        const int64_t last = std::min<int64_t>(j.rows, static_cast<int64_t>((hi - start + j.row_bytes - 1) / j.row_bytes));
-        for (int64_t i = first; i < last; ++i) run_row(j, i);
-      }
-      start = end;
-    }
-  }, threads);
+  const int tasks = static_cast<int>(std::min<int64_t>(rows, threads * kTasksPerThread));
+  parallel_run(tasks, [&](int t) { run_rows(rows * t / tasks, rows * (t + 1) / tasks); }, threads);
 }
 
-// A view of the arena: shape of dtype at byte offset (sharing the arena's storage, so a ring
-// slot's batch is recognized as living in the slot).
 at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape) {
   const size_t item = c10::elementSize(dtype);
   const size_t start = arena.storage_offset() + offset;
@@ -224,6 +213,8 @@ at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dty
   return at::empty({0}, arena.options().dtype(dtype))
       .set_(arena.storage(), static_cast<int64_t>(start / item), shape, strides);
 }
+
+namespace {
 
 // jobs: (kind, dst_offset, ptrs, lens, rows, L, inner, src_dtype, dst_dtype, pad, left, transposed,
 // shape); returns each job's output as a view of the arena of that shape (None where shape is).
@@ -252,8 +243,8 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
     j.transposed = s[11].cast<bool>();
     if (j.kind != JobKind::Rows) j.inner = 1;
     TORCH_CHECK(j.rows >= 0 && j.L >= 0 && j.inner >= 1, "fastcollate gather: bad job geometry");
-    TORCH_CHECK(supported(j.src) && supported(j.dst_t), "fastcollate gather: unsupported dtype ", j.src, " -> ", j.dst_t);
-    TORCH_CHECK(j.src == j.dst_t || convertible_to(j.dst_t) || j.kind != JobKind::Rows,
+    TORCH_CHECK(gather_supported(j.src) && gather_supported(j.dst_t), "fastcollate gather: unsupported dtype ", j.src, " -> ", j.dst_t);
+    TORCH_CHECK(j.src == j.dst_t || gather_convertible_to(j.dst_t) || j.kind != JobKind::Rows,
                 "fastcollate gather: no conversion from ", j.src, " into ", j.dst_t);
     TORCH_CHECK(j.kind != JobKind::Rows || j.ptrs != nullptr, "fastcollate gather: a rows job needs ptrs");
     TORCH_CHECK(!j.transposed || j.inner == 1, "fastcollate gather: a transposed job has one element per position");
@@ -285,6 +276,7 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
     py::gil_scoped_release no_gil;
     run_jobs(jobs, total, num_threads);
   }
+  g_gathered_batches.fetch_add(1, std::memory_order_relaxed);
   return views;
 }
 

@@ -85,6 +85,10 @@ struct Plan {
   }
 };
 
+// alloc_fn(nbytes), checked to be an arena a batch can be written into (contiguous 1-D uint8 CPU,
+// large enough, aligned).
+at::Tensor checked_arena(py::handle alloc_fn, size_t nbytes);
+
 struct PadConfig;
 
 // Walks the batch (GIL held). defer_fn(samples, path) is the Python reference, called for

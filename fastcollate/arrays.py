@@ -62,7 +62,10 @@ class ArrayDataset(Dataset):
         # per batch, only these are looked at: whether any column forbids the gather, and the
         # columns whose storage can change under them (memmaps)
         self._slow = any(s.why_slow is not None for s in self._sources.values())
-        self._checked = [s for s in self._sources.values() if s.needs_check]
+        # one check per held array (TokenWindows' two columns share theirs): a stat() each
+        holders = {id(getattr(s, "holder", s)): s for s in reversed(self._sources.values()) if s.needs_check}
+        self._checked = list(reversed(holders.values()))
+        self._compiled = _Compiled()
 
     @staticmethod
     def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> "ArrayDataset":
@@ -130,6 +133,14 @@ class ArrayDataset(Dataset):
         cols = ", ".join(f"{k!r}: {s.out}{'' if s.scalar else ' ' + ('ragged' if s.fixed is None else str(s.fixed))}"
                          for k, s in self._sources.items())
         return f"{type(self).__name__}({self._n} rows; {cols})"
+
+
+class _Compiled(dict):
+    """What fastcollate.gather builds once per dataset (its compiled template, which holds this
+    process's addresses): pickled empty, so an unpickled copy builds its own."""
+
+    def __reduce__(self):
+        return (_Compiled, ())
 
 
 class Gathered(collections.abc.Sequence):

@@ -225,8 +225,7 @@ class Collator:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
         if isinstance(batch, Gathered):  # rows of an ArrayDataset: gathered without per-sample Python
             out = gather(batch, alloc, threads, self.pad)
-            if out is not None:
-                _count("gathered_batches")
+            if out is not None:  # counted by the engine (gathered_batches)
                 return out
             batch = list(batch)  # the ordinary path, and its errors
         # in_main: outside a worker torch.stack keeps channels_last samples channels_last (in a
@@ -272,7 +271,7 @@ def stats() -> dict[str, Any]:
         counts = dict(_py_counts)
     out["python_batches"] = counts.pop("python_batches", 0)
     out["disabled_batches"] = counts.pop("disabled_batches", 0)
-    out["gathered_batches"] = counts.pop("gathered_batches", 0)
+    out.setdefault("gathered_batches", 0)
     out["errors"] = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("errors.")}
     out["backend"] = _ext.backend()
     return out

@@ -146,6 +146,11 @@ class Source:
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def affine(self) -> tuple[int, int, int] | None:
+        """(address, row stride, shift) in bytes when row r always starts at address + r * stride
+        + shift and all rows have ``fixed`` positions (scalars: one); None otherwise."""
+        return None
+
     def lens(self, rows: np.ndarray) -> np.ndarray | None:
         """Per-row lengths (the first dimension of each row), or None when all are ``fixed``."""
         return None
@@ -217,6 +222,9 @@ class _Dense(_Held):
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         return self.holder.address + rows * self.holder.stride0
+
+    def affine(self) -> tuple[int, int, int]:
+        return self.holder.address, self.holder.stride0, 0
 
 
 class _Ragged(_Held):
@@ -321,6 +329,9 @@ class Window(_Held):
         return _convert_row(self.holder.arr[start:start + self.fixed], self.out)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
+        return self.holder.address + (rows * (self.stride * self.holder.stride0) + self.shift * self.holder.stride0)
+
+    def affine(self) -> tuple[int, int, int]:
         h = self.holder
-        return h.address + (rows * (self.stride * h.stride0) + self.shift * h.stride0)
+        return h.address, self.stride * h.stride0, self.shift * h.stride0
 

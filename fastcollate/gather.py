@@ -1,6 +1,9 @@
-"""The gather of an ArrayDataset batch: the plan (row addresses, lengths, output shapes, arena
-offsets) in Python over numpy index arithmetic, the bytes moved and converted by
-``fastcollate._C.gather`` (csrc/gather.cpp) without the GIL. The exactness rule is the
+"""The gather of an ArrayDataset batch. Datasets whose columns all have rows of one length at
+affine addresses (TokenWindows, arrays, memmaps, tensors) get a compiled template, built once
+(``_C.FixedGather``, csrc/gather_fixed.cpp): a batch is one call. Every other batch (padding,
+ragged and Arrow columns) is planned here (row addresses, lengths, output shapes, arena
+offsets) over numpy index arithmetic and its bytes moved and converted by ``fastcollate._C.gather``
+(csrc/gather.cpp). Both run the same row jobs without the GIL. The exactness rule is the
 library's: a gathered batch equals ``default_collate([ds[i] for i in indices])`` (or the padding
 reference of the same samples) element for element, dtype and shape; whenever the gather cannot
 promise that (rows of unequal length with no padding, a dtype or layout it does not read, pad
@@ -19,6 +22,7 @@ from .arrays import Gathered
 from .pad import PadSpec, _check_fits
 
 _ALIGN = 64
+_COMPILED = True  # tests turn the fixed-row template off to compare it with the planned path
 _ROWS, _MASK, _LENGTHS = 0, 1, 2
 
 
@@ -54,6 +58,25 @@ def _int64(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.int64 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int64)
 
 
+def _template(ds: Any) -> Any:
+    """The dataset's compiled fixed-row gather, or None when a column is not fixed and affine."""
+    cached = ds._compiled.get("fixed", False)
+    if cached is not False:
+        return cached
+    columns = []
+    for s in ds._sources.values():
+        where = s.affine()
+        if where is None or s.lists:
+            columns = None
+            break
+        L = 1 if s.scalar else s.fixed
+        columns.append((*where, L, _numel(s.trailing), s.src, s.out, list(s.trailing), s.scalar))
+    template = None if columns is None else _ext._C.FixedGather(list(ds._sources), ds._mapping, len(ds), columns,
+                                                                tuple(ds._sources.values()))
+    ds._compiled["fixed"] = template
+    return template
+
+
 def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> Any:
     """The collated batch, gathered into one arena (``alloc``: nbytes -> uint8 tensor, None for
     the pageable pool); None when only the ordinary path can promise default_collate's result."""
@@ -61,6 +84,14 @@ def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> An
     sources = ds._sources
     if ds._slow or _ext._C is None:
         return None
+    if pad is None and _COMPILED:
+        template = _template(ds)
+        if template is not None:
+            for s in ds._checked:
+                s.check()
+            out = template(batch.indices, alloc, threads)
+            if out is not None:
+                return out
     rows = ds.rows(batch.indices)
     B = len(rows)
     if B == 0:

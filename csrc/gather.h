@@ -1,0 +1,48 @@
+// The gather's row jobs (csrc/gather.cpp), shared by the planned-in-Python gather and the
+// compiled template of fixed-row datasets (csrc/gather_fixed.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace fastcollate {
+
+enum class JobKind : int { Rows = 0, Mask = 1, Lengths = 2 };
+
+// One output tensor of B rows.
+struct Job {
+  JobKind kind = JobKind::Rows;
+  uint8_t* dst = nullptr;
+  const int64_t* ptrs = nullptr;  // B source addresses (Rows)
+  const int64_t* lens = nullptr;  // B lengths in positions; nullptr: every row has `L`
+  int64_t rows = 0;               // B
+  int64_t L = 0;                  // positions per output row (rows longer are truncated)
+  int64_t inner = 1;              // elements per position
+  at::ScalarType src = at::kByte, dst_t = at::kByte;
+  uint8_t pad[16] = {0};          // one element of dst_t: the pad value, or the mask's 1
+  bool left = false;
+  bool transposed = false;        // Rows into an [L, B] block (inner == 1): default_collate of list rows
+  size_t row_bytes = 0;           // output bytes per row
+};
+
+// Whether a column of t can be read, and whether a column may be converted into t.
+bool gather_supported(at::ScalarType t);
+bool gather_convertible_to(at::ScalarType t);
+
+// Batches gathered (either path), for fastcollate.stats(): counted here, an atomic, rather
+// than under a Python lock once per batch.
+extern std::atomic<uint64_t> g_gathered_batches;
+
+// Runs every job (GIL released by the caller); total: their output bytes, which decides the
+// threading.
+void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads);
+
+// A contiguous view of the arena: shape of dtype at byte offset, sharing the arena's storage
+// (so a ring slot's batch is recognized as living in the slot).
+at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape);
+
+}  // namespace fastcollate
