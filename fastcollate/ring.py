@@ -226,8 +226,8 @@ def _rebuild(ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> Any:
     ring.poll()
 
     def view(leaf: _Leaf) -> torch.Tensor:
-        item = torch.empty((), dtype=leaf.dtype).element_size()
-        return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // item, leaf.shape, leaf.stride)
+        return torch.empty(0, dtype=leaf.dtype).set_(storage, leaf.offset // leaf.dtype.itemsize, leaf.shape,
+                                                     leaf.stride)
 
     return map_tensors(tree, view, _Leaf)
 

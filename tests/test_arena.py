@@ -1,6 +1,8 @@
 """The pageable arena pool: reuse only after the last view died, the cap, the counters; and the
 GIL-free threaded copy."""
 import gc
+import os
+import time
 
 import pytest
 import torch
@@ -112,6 +114,35 @@ def test_threads_give_identical_batches():
     outs = [fastcollate.Collator(num_threads=t)(batch) for t in (1, 2, 4, 7)]
     for o in outs[1:]:
         assert torch.equal(o["img"], outs[0]["img"]) and torch.equal(o["y"], outs[0]["y"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs and thread affinity (Linux)")
+def test_helpers_forced_onto_the_callers_cpu_stay_exact_and_do_not_stall():
+    # A helper that finds itself on the caller's CPU takes no task and stops polling; force it
+    # there (every thread of this process on one CPU) and the copies must still be exact, each
+    # run finished by the caller alone in about a single-threaded copy's time.
+    src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    C.copy_bytes(dst, src, 2, 1 << 20)  # the pool's helper exists from here on
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    before = {t: os.sched_getaffinity(t) for t in tids}
+    cpu = min(os.sched_getaffinity(0))
+    try:
+        for t in tids:
+            os.sched_setaffinity(t, {cpu})
+        start = time.perf_counter()
+        for i in range(200):
+            dst.zero_()
+            C.copy_bytes(dst, src, 2, 1 << 18)
+            assert torch.equal(dst, src), f"run {i}"
+        assert time.perf_counter() - start < 20  # a stall would be a wait per run on the condvar
+    finally:
+        for t, mask in before.items():
+            try:
+                os.sched_setaffinity(t, mask)
+            except OSError:  # a thread that ended meanwhile
+                pass
 
 
 def test_leaves_share_one_storage_with_threads():
