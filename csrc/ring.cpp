@@ -1,8 +1,10 @@
 // The worker ring's slot states, in a small shared control block (int64 words) that every
-// process of a DataLoader maps: lock-free atomics work across processes on shared memory.
+// process of a DataLoader maps: lock-free atomics work across processes on shared memory; and
+// the tensors over its slots (a worker's claimed slot, the main process's lease and views).
 //   ctrl[0..7]  counters: 0 hits, 1 full (no free slot), 2 oversize, 3 bytes, 4 K, 5 claim hint
 //   ctrl[8+i]   slot i: 0 free, >0 the pid of the worker that filled it, -1 held by the main
 //               process (its views, then -- for page-locked rings -- the copies still reading it)
+#include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -115,7 +117,36 @@ at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t sl
   return t;
 }
 
+// A worker's claim and its slot's first nbytes as a view of the ring, in one call that never
+// releases the GIL: torch's Python bindings release it in every op (narrow included), and each
+// release hands it to the worker's feeder thread, waiting to pickle the previous batch -- a
+// round trip of the GIL per op, which profiles of a DataLoader worker showed.
+py::tuple ring_claim_view(const at::Tensor& ring, const at::Tensor& ctrl, int64_t tag, int64_t slot_bytes,
+                          int64_t nbytes) {
+  TORCH_CHECK(nbytes >= 0 && nbytes <= slot_bytes, "fastcollate ring: a batch of ", nbytes,
+              " bytes does not fit a slot of ", slot_bytes);
+  const int64_t slot = ring_claim(ctrl, tag);
+  if (slot < 0) return py::make_tuple(slot, py::none());
+  TORCH_CHECK((slot + 1) * slot_bytes <= ring.numel(), "fastcollate ring: slot ", slot, " is outside the ring");
+  return py::make_tuple(slot, ring.narrow(0, slot * slot_bytes, nbytes));
+}
+
+// A view of dtype, sizes and strides at byte_offset of a leased slot (the main process's side of
+// a ring batch), made without releasing the GIL (see ring_claim_view).
+at::Tensor ring_view(const at::Tensor& lease, int64_t byte_offset, at::ScalarType dtype, std::vector<int64_t> sizes,
+                     std::vector<int64_t> strides) {
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  TORCH_CHECK(byte_offset >= 0 && byte_offset % item == 0 && sizes.size() == strides.size(),
+              "fastcollate ring: a leaf at byte ", byte_offset, " of ", dtype, " is misplaced");
+  return at::empty({0}, lease.options().dtype(dtype))
+      .set_(lease.storage(), (lease.storage_offset() + byte_offset) / item, sizes, strides);
+}
+
 void register_ring_ops(pybind11::module_& m) {
+  m.def("ring_claim_view", &ring_claim_view, pybind11::arg("ring"), pybind11::arg("ctrl"), pybind11::arg("tag"),
+        pybind11::arg("slot_bytes"), pybind11::arg("nbytes"));
+  m.def("ring_view", &ring_view, pybind11::arg("lease"), pybind11::arg("byte_offset"), pybind11::arg("dtype"),
+        pybind11::arg("sizes"), pybind11::arg("strides"));
   m.def("ring_claim", &ring_claim, pybind11::arg("ctrl"), pybind11::arg("tag"));
   m.def("ring_transfer", &ring_transfer, pybind11::arg("ctrl"), pybind11::arg("slot"), pybind11::arg("from_"),
         pybind11::arg("to"));

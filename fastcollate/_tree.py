@@ -38,6 +38,8 @@ def map_tensors(obj: Any, fn: Callable[[Any], Any], leaf_type: type = torch.Tens
     and other leaves untouched; containers keep their types."""
     if isinstance(obj, leaf_type):
         return fn(obj)
+    if type(obj) is dict:  # the common case first: an ABC isinstance costs more than the rest of a leaf
+        return {k: map_tensors(v, fn, leaf_type) for k, v in obj.items()}
     if isinstance(obj, collections.abc.Mapping):
         values = {k: map_tensors(v, fn, leaf_type) for k, v in obj.items()}
         return values if type(obj) is dict else rebuild_mapping(obj, values)

@@ -310,3 +310,19 @@ def test_a_new_loader_per_epoch_leaves_no_descriptor_or_segment_behind():
         assert len(list(fastcollate.DataLoader(data, batch_size=4, num_workers=2))) == 4
     gc.collect()
     assert _fds() - fds0 <= 1
+
+
+def test_the_cached_pid_follows_forks():
+    from fastcollate.ring import _Pid
+
+    assert _Pid.value == os.getpid()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(w, b"1" if _Pid.value == os.getpid() else b"0")
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(child, 0)
+    os.close(r)
+    assert got == b"1"  # a worker tags its slots with its own pid (reclaim_dead relies on it)
