@@ -56,3 +56,23 @@ def resumed_epoch(make, head):
     resumed = make()
     resumed.load_state_dict(state)
     return batches + list(resumed), resumed
+
+
+def assert_resumes_as_torchdata(dataset, workers, head, batches, ring_hits):
+    """An epoch of fastcollate.StatefulDataLoader over ``dataset()``, interrupted after ``head``
+    batches and resumed from its state_dict, equals torchdata's uninterrupted epoch (shuffled,
+    seeded); with workers, the resumed loader's batches came through the ring."""
+    import fastcollate
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make(cls):
+        return cls(dataset(), batch_size=4, num_workers=workers, shuffle=True,
+                   generator=torch.Generator().manual_seed(3))
+
+    full = list(make(StatefulDataLoader))
+    got, resumed = resumed_epoch(lambda: make(fastcollate.StatefulDataLoader), head)
+    assert len(got) == len(full) == batches
+    for a, b in zip(got, full, strict=True):  # one at a time, as a training loop holds them
+        assert_same(a, b)
+    if workers:
+        assert resumed.stats()["ring_hits"] == ring_hits

@@ -2,11 +2,10 @@
 a TokenWindows epoch exactly (ring included), and accelerate's prepare() keeps the gather."""
 import numpy as np
 import pytest
-import torch
 import torch.utils.data as tud
 
 import fastcollate
-from helpers import assert_same, resumed_epoch
+from helpers import assert_resumes_as_torchdata, assert_same
 
 
 def windows():
@@ -17,19 +16,7 @@ def windows():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_loader_resumes_token_windows(workers):
     pytest.importorskip("torchdata")
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    def make(cls):
-        return cls(windows(), batch_size=4, num_workers=workers, shuffle=True,
-                   generator=torch.Generator().manual_seed(3))
-
-    full = list(make(StatefulDataLoader))
-    got, resumed = resumed_epoch(lambda: make(fastcollate.StatefulDataLoader), 4)
-    assert len(got) == len(full) == 10
-    for a, b in zip(got, full, strict=True):
-        assert_same(a, b)
-    if workers:
-        assert resumed.stats()["ring_hits"] == 6
+    assert_resumes_as_torchdata(windows, workers, head=4, batches=10, ring_hits=6)
 
 
 def test_accelerate_prepare_keeps_the_gather():

@@ -6,7 +6,7 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from helpers import assert_same, resumed_epoch
+from helpers import assert_resumes_as_torchdata, assert_same
 
 
 class Imgs(tud.Dataset):
@@ -107,18 +107,7 @@ def test_lightning_sampler_swap_recreates_a_working_loader():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_loader_resumes_exactly(workers):
     pytest.importorskip("torchdata")
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    def make(cls):
-        return cls(Imgs(), batch_size=4, num_workers=workers, shuffle=True,
-                   generator=torch.Generator().manual_seed(3))
-
-    full = list(make(StatefulDataLoader))
-    got, resumed = resumed_epoch(lambda: make(fastcollate.StatefulDataLoader), 5)
-    _same_batches(got, full)
-    assert len(full) == 12
-    if workers:
-        assert resumed.stats()["ring_hits"] == 7
+    assert_resumes_as_torchdata(Imgs, workers, head=5, batches=12, ring_hits=7)
 
 
 def test_plain_loader_points_to_the_stateful_one():
