@@ -204,16 +204,6 @@ void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads) {
   parallel_run(tasks, [&](int t) { run_rows(rows * t / tasks, rows * (t + 1) / tasks); }, threads);
 }
 
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape) {
-  const size_t item = c10::elementSize(dtype);
-  const size_t start = arena.storage_offset() + offset;
-  TORCH_CHECK(start % item == 0, "fastcollate gather: a view is not aligned to its dtype");
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
-  return at::empty({0}, arena.options().dtype(dtype))
-      .set_(arena.storage(), static_cast<int64_t>(start / item), shape, strides);
-}
-
 namespace {
 
 // jobs: (kind, dst_offset, ptrs, lens, rows, L, inner, src_dtype, dst_dtype, pad, left, transposed,

@@ -41,8 +41,4 @@ extern std::atomic<uint64_t> g_gathered_batches;
 // threading.
 void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads);
 
-// A contiguous view of the arena: shape of dtype at byte offset, sharing the arena's storage
-// (so a ring slot's batch is recognized as living in the slot).
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape);
-
 }  // namespace fastcollate

@@ -4,11 +4,12 @@
 //   ctrl[0..7]  counters: 0 hits, 1 full (no free slot), 2 oversize, 3 bytes, 4 K, 5 claim hint
 //   ctrl[8+i]   slot i: 0 free, >0 the pid of the worker that filled it, -1 held by the main
 //               process (its views, then -- for page-locked rings -- the copies still reading it)
-#include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <memory>
+
+#include "plan.h"
 
 namespace fastcollate {
 namespace {
@@ -135,11 +136,9 @@ py::tuple ring_claim_view(const at::Tensor& ring, const at::Tensor& ctrl, int64_
 // a ring batch), made without releasing the GIL (see ring_claim_view).
 at::Tensor ring_view(const at::Tensor& lease, int64_t byte_offset, at::ScalarType dtype, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides) {
-  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
-  TORCH_CHECK(byte_offset >= 0 && byte_offset % item == 0 && sizes.size() == strides.size(),
-              "fastcollate ring: a leaf at byte ", byte_offset, " of ", dtype, " is misplaced");
-  return at::empty({0}, lease.options().dtype(dtype))
-      .set_(lease.storage(), (lease.storage_offset() + byte_offset) / item, sizes, strides);
+  TORCH_CHECK(byte_offset >= 0 && sizes.size() == strides.size(), "fastcollate ring: a leaf at byte ", byte_offset,
+              " of ", dtype, " is misplaced");
+  return arena_view(lease, static_cast<size_t>(byte_offset), dtype, sizes, strides);
 }
 
 void register_ring_ops(pybind11::module_& m) {
