@@ -232,7 +232,7 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
     j.left = s[10].cast<bool>();
     j.transposed = s[11].cast<bool>();
     if (j.kind != JobKind::Rows) j.inner = 1;
-    TORCH_CHECK(j.rows >= 0 && j.L >= 0 && j.inner >= 1, "fastcollate gather: bad job geometry");
+    TORCH_CHECK(j.rows >= 0 && j.L >= 0 && j.inner >= 0, "fastcollate gather: bad job geometry");
     TORCH_CHECK(gather_supported(j.src) && gather_supported(j.dst_t), "fastcollate gather: unsupported dtype ", j.src, " -> ", j.dst_t);
     TORCH_CHECK(j.src == j.dst_t || gather_convertible_to(j.dst_t) || j.kind != JobKind::Rows,
                 "fastcollate gather: no conversion from ", j.src, " into ", j.dst_t);

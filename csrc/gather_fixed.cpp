@@ -18,7 +18,7 @@ namespace {
 
 struct Column {
   int64_t base = 0, row_stride = 0, shift = 0;  // row r starts at base + r * row_stride + shift
-  int64_t L = 1, inner = 1;                     // positions per row, elements per position
+  int64_t L = 1, inner = 1;                     // positions per row, elements per position (0: empty rows)
   at::ScalarType src = at::kByte, dst = at::kByte;
   std::vector<int64_t> trailing;                // the row's dimensions after L
   bool scalar = false;                          // a batch is [B]
@@ -48,7 +48,7 @@ class FixedGather {
       c.dst = t[6].cast<at::ScalarType>();
       c.trailing = t[7].cast<std::vector<int64_t>>();
       c.scalar = t[8].cast<bool>();
-      TORCH_CHECK(c.L >= 0 && c.inner >= 1 && (!c.scalar || (c.L == 1 && c.inner == 1)),
+      TORCH_CHECK(c.L >= 0 && c.inner >= 0 && (!c.scalar || (c.L == 1 && c.inner == 1)),
                   "fastcollate FixedGather: bad column geometry");
       TORCH_CHECK(gather_supported(c.src) && gather_supported(c.dst) &&
                       (c.src == c.dst || gather_convertible_to(c.dst)),

@@ -181,6 +181,7 @@ std::vector<int64_t> pad_column(Plan& plan, Node& node, PyObject* const* samples
     return defer();
   }
 
+  const Plan::Mark before = plan.mark();
   node.kind = NodeKind::Tensor;
   node.dtype = dtype;
   node.sizes = {static_cast<int64_t>(n), L};
@@ -189,7 +190,6 @@ std::vector<int64_t> pad_column(Plan& plan, Node& node, PyObject* const* samples
   node.offset = plan.reserve(node.nbytes);
   ++plan.tensor_leaves;
   if (row == 0) return lengths;
-  const size_t pieces0 = plan.pieces.size(), scalars0 = plan.scalar_pieces.size(), fills0 = plan.fills.size();
   for (size_t i = 0; i < n; ++i) {
     const size_t sample = node.offset + i * static_cast<size_t>(L) * row;
     const int64_t real = lengths[i];
@@ -198,10 +198,7 @@ std::vector<int64_t> pad_column(Plan& plan, Node& node, PyObject* const* samples
     if (tensors[i].defined()) {
       add_rows(plan, tensors[i], real, data, /*keep=*/true);
     } else if (!write_list(plan, lists[i].ptr(), real, dtype, data)) {
-      plan.pieces.resize(pieces0);  // an int that overflows int64: the reference raises torch's error
-      plan.scalar_pieces.resize(scalars0);
-      plan.fills.resize(fills0);
-      --plan.tensor_leaves;
+      plan.rollback(before);  // an int that overflows int64: the reference raises torch's error
       node = Node();
       return defer();
     }

@@ -78,6 +78,30 @@ struct Plan {
   std::vector<py::object> keep_objects;
   std::vector<at::Tensor> keep_alive;
 
+  // Everything a leaf may have added to the plan, so that a leaf found off the fast path
+  // half-way (a later sample's dtype, say) leaves no piece behind: no copy of any route
+  // (memcpy, transpose, conversion, fill, scalar) runs for a leaf the reference computes.
+  struct Mark {
+    size_t nbytes, tensor_leaves, pieces, scalar_pieces, scalars, conversions, transposes, fills, keep_objects,
+        keep_alive;
+  };
+  Mark mark() const {
+    return {nbytes,      tensor_leaves,      pieces.size(), scalar_pieces.size(), scalars.size(), conversions.size(),
+            transposes.size(), fills.size(), keep_objects.size(), keep_alive.size()};
+  }
+  void rollback(const Mark& m) {
+    nbytes = m.nbytes;
+    tensor_leaves = m.tensor_leaves;
+    pieces.resize(m.pieces);
+    scalar_pieces.resize(m.scalar_pieces);
+    scalars.resize(m.scalars);
+    conversions.erase(conversions.begin() + static_cast<std::ptrdiff_t>(m.conversions), conversions.end());
+    transposes.resize(m.transposes);
+    fills.resize(m.fills);
+    keep_objects.erase(keep_objects.begin() + static_cast<std::ptrdiff_t>(m.keep_objects), keep_objects.end());
+    keep_alive.erase(keep_alive.begin() + static_cast<std::ptrdiff_t>(m.keep_alive), keep_alive.end());
+  }
+
   size_t reserve(size_t bytes) {
     const size_t off = (nbytes + kLeafAlign - 1) / kLeafAlign * kLeafAlign;
     nbytes = off + bytes;

@@ -180,25 +180,24 @@ class Walker {
     const c10::IntArrayRef sizes = t0.sizes();
     const size_t per = static_cast<size_t>(t0.numel()) * t0.element_size();
     const bool bits = t0.is_conj() || t0.is_neg();
+    // in a worker default_collate builds its out= from sample 0 (elem.new(storage)), which torch
+    // refuses for a conj/neg view: its error, from the reference, rather than a batch it never gives
+    if (bits && !keep_formats_) return defer(node, samples, parent);
     at::MemoryFormat fmt;
     const std::vector<int64_t> fmt_strides = numpy ? std::vector<int64_t>{} : stack_format(t0, &fmt);
-    const size_t offset = plan_.reserve(per * B);
     // One pass checks each sample and records its piece; a sample that does not fit rolls the
-    // leaf back and defers it, so large batches touch each tensor's metadata once.
-    const size_t pieces0 = plan_.pieces.size(), objects0 = plan_.keep_objects.size();
-    const size_t alive0 = plan_.keep_alive.size(), conv0 = plan_.conversions.size();
-    plan_.pieces.reserve(pieces0 + B);
-    if (!numpy) plan_.keep_objects.reserve(objects0 + B);
+    // leaf back (every route's pieces: memcpy, transpose, conversion) and defers it, so large
+    // batches touch each tensor's metadata once and a deferred leaf has nothing left to copy.
+    const Plan::Mark before = plan_.mark();
+    const size_t offset = plan_.reserve(per * B);
+    plan_.pieces.reserve(plan_.pieces.size() + B);
+    if (!numpy) plan_.keep_objects.reserve(plan_.keep_objects.size() + B);
     for (size_t i = 0; i < B; ++i) {
       const at::Tensor& t = *ts[i];
       // another dtype means type promotion (and, in a worker, casting rules): torch decides
       if (i > 0 && (t.dtype() != dtype0 || t.key_set() != keys0 || t.sizes() != sizes || t.requires_grad() ||
                     (!fmt_strides.empty() && t.suggest_memory_format() != fmt))) {
-        plan_.pieces.resize(pieces0);
-        plan_.keep_objects.resize(objects0);
-        plan_.keep_alive.resize(alive0);
-        plan_.conversions.resize(conv0);
-        plan_.nbytes = offset;  // give the reserved bytes back (alignment slack may stay)
+        plan_.rollback(before);
         return defer(node, samples, parent);
       }
       if (per == 0) continue;
@@ -473,7 +472,7 @@ class Walker {
       FusedColumn& c = cols[k];
       if (THPVariable_CheckExact(v0)) {
         const at::Tensor& t0 = THPVariable_Unpack(v0);
-        if (!plain_tensor(t0)) continue;
+        if (!plain_tensor(t0) || (!keep_formats_ && (t0.is_conj() || t0.is_neg()))) continue;  // as tensor_leaf
         c.kind = FusedColumn::kTensor;
         c.t0 = &t0;
         c.per = static_cast<size_t>(t0.numel()) * t0.element_size();
@@ -586,6 +585,9 @@ class Walker {
     if (!items_of(samples, fast)) return defer(node, samples, parent);
     size_t width = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast[0].ptr()));
     for (const auto& f : fast) width = std::min(width, static_cast<size_t>(PySequence_Fast_GET_SIZE(f.ptr())));  // zip stops at the shortest
+    // fewer fields than sample 0's type takes: default_collate raises when it builds the tuple,
+    // before it looks at anything after it -- the reference does the same, in the same order
+    if (width != static_cast<size_t>(PySequence_Fast_GET_SIZE(fast[0].ptr()))) return defer(node, samples, parent);
     node.kind = NodeKind::NamedTuple;
     node.elem = py::reinterpret_borrow<py::object>(samples[0]);
     columns(node, fast, width, depth);
@@ -623,7 +625,7 @@ class Walker {
   py::handle batch_;
   py::handle defer_fn_;
   const PadConfig* pad_;
-  const bool keep_formats_;
+  const bool keep_formats_;  // false exactly in DataLoader workers
   std::vector<py::object> path_;
 };
 

@@ -229,17 +229,16 @@ class PadSpec:
             if k is not None and k in elem:
                 raise ValueError(f"fastcollate: batch: the samples already have a {k!r} leaf; pass another "
                                  "mask_key/lengths_key or return_mask=False")
-        rest = reference.collate([{k: v for k, v in s.items() if k not in pad_keys} for s in batch])
         values: dict[Any, Any] = {}
         first = None
-        for k in elem:
+        for k in elem:  # key by key, as default_collate goes: the first key in error is the one reported
             if k in pad_keys:
                 padded, lengths = self.column([s[k] for s in batch], k)
                 values[k] = padded
                 if k == pad_keys[0]:
                     first = (lengths, padded.shape[1])
             else:
-                values[k] = rest[k]
+                values[k] = reference.collate_subtree(reference.mapping_column(batch, k), (k,))
         assert first is not None
         if self.mask_key is not None:
             values[self.mask_key] = self.mask(*first)

@@ -79,7 +79,9 @@ def _tensors(batch, path, worker, shared):
                            f"sparse tensor, {elem.layout})")
     for i, t in enumerate(batch):  # types first: torch.stack rejects a non-tensor before shapes
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_where(path)}: sample {i} is {_type_name(t)}, sample 0 is a Tensor")
+            # in a worker default_collate first sums the samples' numel(): an AttributeError there
+            cls = AttributeError if shared and not hasattr(t, "numel") else TypeError
+            raise cls(f"{_where(path)}: sample {i} is {_type_name(t)}, sample 0 is a Tensor")
     for i, t in enumerate(batch):
         if t.shape != elem.shape:
             raise RuntimeError(
@@ -181,26 +183,30 @@ def _lookup(elem: Any) -> Callable | None:
 # ---------------------------------------------------------------- containers
 
 
+def mapping_column(batch: Sequence[Any], key: Any, path: Sequence[Any] = ()) -> list[Any]:
+    """``[d[key] for d in batch]`` of mapping samples, with the error naming the sample that lacks it."""
+    elem = batch[0]
+    column = []
+    for i, d in enumerate(batch):
+        try:
+            column.append(d[key])
+        except KeyError:
+            keys = list(d) if isinstance(d, collections.abc.Mapping) else "?"
+            raise KeyError(
+                f"{_where(tuple(path))}: sample {i} has no key {key!r} (sample 0 has keys {list(elem)}, "
+                f"sample {i} has {keys})"
+            ) from None
+        except TypeError as exc:
+            raise TypeError(
+                f"{_where(tuple(path))}: sample {i} is {_type_name(d)}, sample 0 is a mapping "
+                f"({_type_name(elem)}): {exc}"
+            ) from exc
+    return column
+
+
 def _mapping(batch, path, worker, shared):
     elem = batch[0]
-    values = {}
-    for key in elem:
-        column = []
-        for i, d in enumerate(batch):
-            try:
-                column.append(d[key])
-            except KeyError:
-                keys = list(d) if isinstance(d, collections.abc.Mapping) else "?"
-                raise KeyError(
-                    f"{_where(path)}: sample {i} has no key {key!r} (sample 0 has keys {list(elem)}, "
-                    f"sample {i} has {keys})"
-                ) from None
-            except TypeError as exc:
-                raise TypeError(
-                    f"{_where(path)}: sample {i} is {_type_name(d)}, sample 0 is a mapping "
-                    f"({_type_name(elem)}): {exc}"
-                ) from exc
-        values[key] = _collate(column, path + (key,), worker, shared)
+    values = {key: _collate(mapping_column(batch, key, path), path + (key,), worker, shared) for key in elem}
     return rebuild_mapping(elem, values)
 
 

@@ -2,6 +2,7 @@
 same bytes (so NaN payloads and -0.0 count)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -14,9 +15,24 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = True) -> None:
+def _canonical_nans(t: torch.Tensor) -> torch.Tensor:
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+        return t
+    t = t.detach().resolve_conj().resolve_neg().clone()
+    if t.is_complex():
+        r = torch.view_as_real(t)
+        r[r.isnan()] = float("nan")
+        return t
+    t[t.isnan()] = float("nan")
+    return t
+
+
+def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = True, nan_bits: bool = True) -> None:
     """contiguous (the default): also require `got`'s strides to be `want`'s, i.e. default_collate's
-    memory format (channels_last samples stay channels_last outside workers); False: values only."""
+    memory format (channels_last samples stay channels_last outside workers); False: values only.
+    nan_bits=False: a NaN must be a NaN at the same place, its sign and payload aside -- for values
+    converted between dtypes, where torch's own conversions give payloads that depend on the
+    element's position (its vectorized loop keeps them, its scalar tail does not)."""
     assert type(got) is type(want), f"{where}: type {type(got)} != {type(want)}"
     if isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
@@ -25,18 +41,22 @@ def assert_same(got: Any, want: Any, where: str = "batch", contiguous: bool = Tr
         assert not contiguous or got.numel() == 0 or got.stride() == want.stride(), \
             f"{where}: strides {got.stride()} != {want.stride()}"
         assert got.requires_grad == want.requires_grad, f"{where}: requires_grad differs"
+        if not nan_bits:
+            got, want = _canonical_nans(got), _canonical_nans(want)
         assert tensor_bytes(got) == tensor_bytes(want), f"{where}: values differ"
     elif isinstance(want, dict) or hasattr(want, "keys") and hasattr(want, "items"):
         assert list(got.keys()) == list(want.keys()), f"{where}: keys {list(got.keys())} != {list(want.keys())}"
         for k in want.keys():
-            assert_same(got[k], want[k], f"{where}[{k!r}]", contiguous)
+            assert_same(got[k], want[k], f"{where}[{k!r}]", contiguous, nan_bits)
         if isinstance(want, dict) and hasattr(want, "__dict__"):
             assert vars(got) == vars(want), f"{where}: attributes differ"
     elif isinstance(want, (list, tuple)) or (hasattr(want, "__len__") and hasattr(want, "__getitem__")
                                              and not isinstance(want, (str, bytes))):
         assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}[{i}]", contiguous)
+            assert_same(g, w, f"{where}[{i}]", contiguous, nan_bits)
+    elif isinstance(want, float) and math.isnan(want):
+        assert isinstance(got, float) and math.isnan(got), f"{where}: {got!r} != {want!r}"
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
 
