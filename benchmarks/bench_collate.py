@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import default_collate
 
 import fastcollate
-from fastcollate import workloads
+from fastcollate._bench import workloads
 from held import run_held
 
 NAMES = list(workloads.WORKLOADS)

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset, default_collate
 
 import fastcollate
-from fastcollate import storage_bench as sb
+from fastcollate._bench import storage as sb
 from held import run_held
 
 
@@ -74,7 +74,7 @@ def test_tensor_dataset(benchmark, features):
 @pytest.fixture(scope="module")
 def hf():
     datasets = pytest.importorskip("datasets")
-    return datasets.Dataset.from_dict(sb._token_lists(4096))
+    return datasets.Dataset.from_dict(sb.token_lists(4096))
 
 
 def test_from_hf_padding(benchmark, hf):
@@ -86,4 +86,4 @@ def test_from_hf_padding(benchmark, hf):
 
 def test_hf_rows_usual_padding(benchmark, hf):
     nxt = _indices(len(hf), 32)
-    _run(benchmark, "hf 32 rows padded", lambda: sb._usual_padding(hf.__getitems__(nxt())))
+    _run(benchmark, "hf 32 rows padded", lambda: sb.usual_padding(hf.__getitems__(nxt())))

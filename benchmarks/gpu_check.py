@@ -163,7 +163,7 @@ def measure(rep: Report, dev, small: bool, run) -> None:
     from torch.utils.data import DataLoader, Dataset
 
     import fastcollate
-    from fastcollate import e2e
+    from fastcollate._bench import train_run as e2e
     from fastcollate.transforms import Normalize
 
     cuda = dev.type == "cuda"
@@ -370,7 +370,7 @@ def measure(rep: Report, dev, small: bool, run) -> None:
         import numpy as np
         from torch.utils.data import default_collate
 
-        from fastcollate.storage_bench import NaiveWindows
+        from fastcollate._bench.storage import NaiveWindows
 
         tokens = np.random.default_rng(0).integers(0, 50257, (1 << 16) if small else (1 << 24)).astype(np.uint16)
         seq, bs = (64, 8) if small else (1024, 64)

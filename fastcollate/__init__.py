@@ -4,28 +4,39 @@
 >>> import fastcollate
 >>> loader = DataLoader(range(8), batch_size=4, collate_fn=fastcollate.collate)
 """
+import sys as _sys
+
+from . import _compat
 from ._ext import backend, cuda_kernels_built
 from . import transforms
-from .arrays import ArrayDataset, Gathered, Ragged, TokenWindows
-from .collate import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
-from .loader import DataLoader
-from .monitor import StallMonitor
-from .prefetch import CudaPrefetcher
-from .ring import RingCollator
-from .sampler import LengthGroupedSampler, padding_fraction
-from .train import EpochStats, train_one_epoch
-from .tune import TuneResult, tune_loader
+from .core import reference
+from .data.arrays import ArrayDataset, Gathered, Ragged, TokenWindows
+from .core.collator import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
+from .workers.dataloader import DataLoader
+from .training.monitor import StallMonitor
+from .device.prefetcher import CudaPrefetcher
+from .workers.ring import RingCollator
+from .data.sampler import LengthGroupedSampler, padding_fraction
+from .training.loop import EpochStats, train_one_epoch
+from .training.tune import TuneResult, tune_loader
 
 __version__ = "0.1.0"
+
+# fastcollate.reference is a stable path (the pure-Python semantics, the test oracle)
+_sys.modules.setdefault("fastcollate.reference", reference)
+_compat.install()
 
 
 def __getattr__(name: str):
     # fastcollate.StatefulDataLoader: torchdata is optional, imported when first asked for (so it
     # is not in __all__: a star import must not need torchdata)
     if name == "StatefulDataLoader":
-        from .loader import stateful_loader_class
+        from .workers.dataloader import stateful_loader_class
 
         return stateful_loader_class()
+    moved = _compat.moved_module(name)  # an old module path (fastcollate.pad, .ring...): deprecated
+    if moved is not None:
+        return moved
     raise AttributeError(f"module 'fastcollate' has no attribute {name!r}")
 
 __all__ = [

@@ -47,7 +47,8 @@ def _load_dataset(spec: str) -> Any:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from . import _ext, bench, e2e, workloads
+    from . import _ext
+    from ._bench import collate_bench as bench, train_run as e2e, workloads
 
     names = args.workloads.split(",") if args.workloads else list(workloads.WORKLOADS)
     unknown = [n for n in names if n not in workloads.WORKLOADS]
@@ -78,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     startup = bench.measure_startup(rounds=1 if args.quick else 3, batches=4 if args.quick else 12)
     print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing):")
     print(bench.format_startup(startup))
-    from . import storage_bench
+    from ._bench import storage as storage_bench
 
     storage_rows = storage_bench.run_storage(quick=args.quick, progress=_progress)
     print("\nbatches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
@@ -106,7 +107,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace, rounds: int) -> int:
-    from . import sweep
+    from ._bench import sweep
 
     kw = dict(batch_sizes=(1, 16, 256), leaves=(1, 16)) if args.quick else {}
     rows = sweep.run(rounds=min(rounds, 3), min_time=0.02 if args.quick else 0.05, progress=_progress, **kw)
@@ -139,7 +140,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .tune import tune_loader
+    from .training.tune import tune_loader
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be >= 1")
@@ -160,7 +161,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
-    from . import _ext, e2e
+    from . import _ext
+    from ._bench import train_run as e2e
 
     print("fastcollate doctor")
     checks: list[tuple[str, str]] = [

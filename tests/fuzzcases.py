@@ -129,13 +129,13 @@ def _values(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
     return v.reshape(shape)
 
 
-def _torch_dtype(name: str) -> torch.dtype:
+def torch_dtype_of(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
 def _tensor(leaf: Leaf) -> torch.Tensor:
     rng = np.random.default_rng(leaf.seed)
-    shape, layout, dtype = tuple(leaf.shape), leaf.layout, _torch_dtype(leaf.dtype)
+    shape, layout, dtype = tuple(leaf.shape), leaf.layout, torch_dtype_of(leaf.dtype)
 
     def filled(s: tuple[int, ...]) -> torch.Tensor:
         v = _values("float64" if leaf.dtype in ("bfloat16", "float8_e4m3fn") else

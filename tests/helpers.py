@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastcollate._tree import iter_tensors
+from fastcollate.core.tree import iter_tensors
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

@@ -117,3 +117,24 @@ def test_worker_errors_carry_the_summary_and_print_nothing_unasked():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "RAISED True True" in r.stdout, (r.stdout, r.stderr)
     assert "collate failed" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("backend", ["cpp", "python"])
+def test_unsupported_types_say_what_default_collate_says(backend):
+    # default_collate's own words, the placeholder of another message never left unfilled
+    import numpy as np
+
+    c = fastcollate.Collator(backend=backend)
+    with pytest.raises(TypeError) as info:
+        c([object(), object()])
+    msg = str(info.value)
+    assert "batch must contain tensors, numpy arrays, numbers, dicts or lists; found <class 'object'>" in msg
+    assert "{kind}" not in msg and "batch: cannot collate sample 0 of type object" in msg
+    with pytest.raises(TypeError) as info:
+        c([np.array(["a"]), np.array(["b"])])
+    msg = str(info.value)
+    assert "batch must contain tensors, numpy arrays, numbers, dicts or lists; found <U1" in msg
+    assert "{kind}" not in msg
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(RuntimeError, match="Batches of nested tensors are not currently supported"):
+        c([nested, nested])

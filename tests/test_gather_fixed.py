@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from torch.utils.data import default_collate
 
 import fastcollate
-from fastcollate import ArrayDataset, Collator, TokenWindows, gather as gather_mod
+from fastcollate import ArrayDataset, Collator, TokenWindows
+from fastcollate.data import gather as gather_mod
 from helpers import assert_same
 from test_arrays import NP_DTYPES, random_array
 
@@ -109,7 +110,7 @@ def test_columns_the_template_cannot_read_are_planned():
     rng = np.random.default_rng(2)
     ragged = fastcollate.Ragged.from_sequences([rng.integers(0, 9, k) for k in (3, 3, 3, 3)])
     for ds in (ArrayDataset({"r": ragged, "x": np.zeros((4, 2))}),):
-        assert gather_mod._template(ds) is None
+        assert gather_mod._template(ds.layout) is None
         out = fastcollate.collate(ds.__getitems__([0, 2]))
         assert_same(out, default_collate([ds[0], ds[2]]))
     padded = Collator(pad={"r": 0})
@@ -128,28 +129,28 @@ def test_one_arena_from_the_pool_and_a_worker_alloc():
         arenas.append(torch.zeros(n + 128, dtype=torch.uint8))
         return arenas[-1]
 
-    out = gather_mod._template(ds)([5, 0], alloc, 1)
+    out = gather_mod._template(ds.layout)([5, 0], alloc, 1)
     assert len(arenas) == 1 and out["x"].untyped_storage().data_ptr() == arenas[0].untyped_storage().data_ptr()
     assert_same(out, default_collate([ds[5], ds[0]]))
     with pytest.raises(RuntimeError, match="arena allocator must return"):
-        gather_mod._template(ds)([1], lambda n: torch.zeros(4, dtype=torch.uint8), 1)
+        gather_mod._template(ds.layout)([1], lambda n: torch.zeros(4, dtype=torch.uint8), 1)
 
 
 def test_template_is_built_once_and_never_pickled():
     ds = TokenWindows(np.arange(100, dtype=np.uint16), 8)
-    t = gather_mod._template(ds)
-    assert gather_mod._template(ds) is t
+    t = gather_mod._template(ds.layout)
+    assert gather_mod._template(ds.layout) is t
     copy = pickle.loads(pickle.dumps(ds))
-    assert dict(copy._compiled) == {}
+    assert dict(copy.layout.compiled) == {}
     assert_same(fastcollate.collate(copy.__getitems__([3, 1])), default_collate([ds[3], ds[1]]))
-    assert gather_mod._template(copy) is not t
+    assert gather_mod._template(copy.layout) is not t
 
 
 def test_memmap_columns_sharing_a_file_are_checked_once(tmp_path, monkeypatch):
     path = tmp_path / "t.bin"
     np.arange(1000, dtype=np.uint16).tofile(path)
     ds = TokenWindows(np.memmap(path, dtype=np.uint16, mode="r"), 16)
-    assert len(ds._checked) == 1  # input_ids and labels read one array: one stat() per batch
+    assert len(ds.layout.checked) == 1  # input_ids and labels read one array: one stat() per batch
     fastcollate.collate(ds.__getitems__([0, 1]))
     with open(path, "r+b") as f:
         f.truncate(100)

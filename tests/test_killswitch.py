@@ -19,7 +19,7 @@ def test_disable_calls_default_collate(monkeypatch):
 
     calls = []
     real = tud.default_collate
-    coll = sys.modules["fastcollate.collate"]
+    coll = sys.modules["fastcollate.core.collator"]
     monkeypatch.setattr(coll, "default_collate", lambda b: calls.append(1) or real(b))
     monkeypatch.setenv("FASTCOLLATE_DISABLE", "1")
     batch = [{"x": torch.ones(2)}, {"x": torch.zeros(2)}]

@@ -9,7 +9,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 import fastcollate
-from fastcollate.sampler import LengthGroupedSampler, padding_fraction
+from fastcollate.data.sampler import LengthGroupedSampler, padding_fraction
 from helpers import assert_same, tensor_leaves
 
 DTYPES = [torch.int64, torch.int32, torch.uint8, torch.float32, torch.float16, torch.bfloat16, torch.bool]

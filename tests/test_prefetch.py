@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 import fastcollate
-from fastcollate import prefetch as prefetch_mod
-from fastcollate.pipeline import Epoch, PipelineStats
-from fastcollate.transport import find_arena
+from fastcollate.device import prefetcher as prefetch_mod
+from fastcollate.device.pipeline import Producer, PipelineStats
+from fastcollate.device.transport import find_arena
 from helpers import assert_same
 
 
@@ -182,7 +182,7 @@ def test_cpu_transform_applied():
 
 def test_pipeline_stops_a_blocked_producer():
     stats = PipelineStats()
-    ep = Epoch(iter(range(10**6)), lambda x: x, depth=1, stats=stats)
+    ep = Producer(iter(range(10**6)), lambda x: x, depth=1, stats=stats)
     time.sleep(0.05)  # the producer fills the queue and blocks in put()
     ep.close()
     assert not ep.alive
@@ -215,7 +215,7 @@ def test_pinned_bytes_reads_the_key_torch_reports(monkeypatch):
     # torch flattens its nested host stats itself; feed that code a nested dict of torch's shape
     import torch.cuda.memory as tcm
 
-    from fastcollate.prefetch import _pinned_bytes
+    from fastcollate.device.prefetcher import _pinned_bytes
 
     assert "allocated_bytes.{current" in tcm.host_memory_stats.__doc__
     nested = {"allocated_bytes": {"current": 12345, "peak": 99999}, "allocations": {"current": 2}}
@@ -225,7 +225,7 @@ def test_pinned_bytes_reads_the_key_torch_reports(monkeypatch):
 
 
 def test_local_rank_is_used_only_when_it_names_a_visible_gpu(monkeypatch):
-    from fastcollate import prefetch
+    from fastcollate.device import prefetcher as prefetch
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU per rank (CUDA_VISIBLE_DEVICES)

@@ -8,9 +8,9 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from fastcollate.pipeline import Epoch, PipelineStats
-from fastcollate.ring import Ring, RingCollator
-from fastcollate.transport import Delivered, Held
+from fastcollate.device.pipeline import Producer, PipelineStats
+from fastcollate.workers.ring import Ring, RingCollator
+from fastcollate.device.transport import Delivered, HostHold
 from helpers import assert_same
 
 
@@ -186,13 +186,13 @@ def test_a_dropped_hold_waits_for_its_copy_first():
 
     ev = FakeEvent()
     ev.synchronize = lambda: (order.append("waited"), setattr(ev, "done", True))
-    h = Held(ev, Host())
+    h = HostHold(ev, Host())
     del h
     gc.collect()
     assert order == ["waited", "host released"]
     done = FakeEvent()
     done.done = True
-    h = Held(done, object())
+    h = HostHold(done, object())
     del h
     assert not done.synced  # a completed copy costs no wait
 
@@ -203,9 +203,9 @@ def test_pipeline_shutdown_waits_for_the_copies_of_discarded_batches():
     def stage(i):
         ev = FakeEvent()
         events.append(ev)
-        return Delivered(i, ev, hold=Held(ev, torch.full((4,), i)))
+        return Delivered(i, ev, hold=HostHold(ev, torch.full((4,), i)))
 
-    epoch = Epoch(range(100), stage, 3, PipelineStats())
+    epoch = Producer(range(100), stage, 3, PipelineStats())
     first = next(epoch)
     assert first.batch == 0
     epoch.close()  # the queue still held prefetched batches whose copies were "running"

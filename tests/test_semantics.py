@@ -317,7 +317,7 @@ def test_memory_format_is_default_collates(name):
 
 
 def test_channels_last_batches_move_in_one_copy():
-    from fastcollate.transport import find_arena
+    from fastcollate.device.transport import find_arena
 
     batch = fastcollate.collate([{"x": _cl(2, 3, 4, 5), "y": i} for i in range(4)])
     assert batch["x"].stride() != batch["x"].contiguous().stride()

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 import fastcollate
-from fastcollate import e2e
+from fastcollate._bench import train_run as e2e
 
 
 def _data(n=64, seed=0):
@@ -210,7 +210,7 @@ def test_a_failing_step_is_logged_with_its_type_and_reraised(caplog):
 
 
 def test_amp_dtype_auto_is_off_on_the_cpu_and_bf16_or_fp16_on_gpus(monkeypatch):
-    from fastcollate.train import resolve_amp_dtype
+    from fastcollate.training.loop import resolve_amp_dtype
 
     assert resolve_amp_dtype("auto", torch.device("cpu")) is None
     assert resolve_amp_dtype(torch.bfloat16, torch.device("cpu")) is torch.bfloat16  # explicit: unchanged

@@ -11,8 +11,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .collate import _cores
-from .pipeline import Epoch, PipelineStats
+from ..core.collator import usable_cores
+from .pipeline import Producer, PipelineStats
 from .transport import CpuTransport, CudaTransport, Delivered, Transform
 
 _warned_pin = False
@@ -47,7 +47,7 @@ def _local_ordinal() -> int:
 class _Iterator:
     """One epoch as seen by the consumer: waits on each batch's event, never on the host."""
 
-    def __init__(self, owner: "CudaPrefetcher", epoch: Epoch) -> None:
+    def __init__(self, owner: "CudaPrefetcher", epoch: Producer) -> None:
         self._owner = owner
         self._epoch = epoch
 
@@ -97,10 +97,10 @@ class CudaPrefetcher:
         self._bytes = self._single = self._leafwise = 0
         self._h2d_ms = 0.0
         self._pending: list = []
-        self._holds: collections.deque = collections.deque()  # transport.Held, in copy order
+        self._holds: collections.deque = collections.deque()  # transport.HostHold, in copy order
         self._current: weakref.ref | None = None
         if self.device.type == "cuda":
-            self._transport: Any = CudaTransport(self.device, transform, copy_threads or min(4, _cores()))
+            self._transport: Any = CudaTransport(self.device, transform, copy_threads or min(4, usable_cores()))
         else:
             self._transport = CpuTransport(transform)
         if getattr(loader, "pin_memory", False):
@@ -140,7 +140,7 @@ class CudaPrefetcher:
     def __iter__(self) -> Iterator[Any]:
         self.close()  # re-iterating starts a new epoch; the old thread is joined first
         on_start = (lambda: torch.cuda.set_device(self.device)) if self.device.type == "cuda" else None
-        epoch = Epoch(self.loader, self._transport, self.depth, self._stats, on_start=on_start,
+        epoch = Producer(self.loader, self._transport, self.depth, self._stats, on_start=on_start,
                       join_timeout=self.join_timeout)
         it = _Iterator(self, epoch)
         self._current = weakref.ref(it)

@@ -13,9 +13,9 @@ from typing import Any, Literal, Sequence
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from . import _ext, reference
-from .arrays import Gathered
-from .gather import gather
+from .. import _ext
+
+from . import reference
 from .pad import PadSpec
 
 logger = logging.getLogger("fastcollate")
@@ -38,14 +38,14 @@ def disabled() -> bool:
     return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
 
 
-def _alloc_shared(nbytes: int) -> torch.Tensor:
+def alloc_shared(nbytes: int) -> torch.Tensor:
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
@@ -102,6 +102,14 @@ def _report(exc: Exception, batch: Any) -> None:
     logger.error("collate failed: %s: %s [%s]", type(exc).__name__, exc, summary)
 
 
+def _gather_hook(batch: Any) -> Any:
+    """A batch object's own gather (``__fastcollate_gather__(alloc, threads, pad)``, which
+    fastcollate.Gathered has: the collated batch, or None for the ordinary path), or None."""
+    if type(batch) is list:  # what torch's fetcher gives every other dataset: no lookup
+        return None
+    return getattr(batch, "__fastcollate_gather__", None)
+
+
 class Collator:
     """A drop-in ``collate_fn``: default_collate's result, every tensor leaf a view of one arena.
 
@@ -113,7 +121,7 @@ class Collator:
         backend: ``"auto"`` (the compiled engine when it loaded), ``"cpp"`` (require it) or
             ``"python"`` (the pure-Python reference).
         pad: ``{key: pad value}`` for top-level leaves of variable length (tensors, numpy arrays,
-            lists of numbers), padded straight into the arena; see fastcollate.pad for the rules.
+            lists of numbers), padded straight into the arena; see fastcollate.core.pad for the rules.
         pad_to_multiple_of, max_length, padding_side: the padded length is the batch's longest
             (each truncated to max_length), rounded up to the multiple; padding on the right or left.
         return_mask, mask_key, mask_dtype: a ``[B, L]`` mask (1 real, 0 padding) of the first
@@ -169,12 +177,12 @@ class Collator:
         self.pin_memory = pin_memory
         self.num_threads = num_threads
         self.backend = "python" if backend == "python" or _ext._C is None else "cpp"
-        self._main_threads = num_threads or min(4, _cores())
+        self._main_threads = num_threads or min(4, usable_cores())
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, **kwargs: Any) -> "Collator":
         """A padding Collator that returns what Hugging Face's collators return for the same
-        rows; see :func:`fastcollate.tokenizer.for_tokenizer` for the options."""
+        rows; see :func:`fastcollate.core.tokenizer.for_tokenizer` for the options."""
         from .tokenizer import for_tokenizer
 
         return for_tokenizer(tokenizer, **kwargs)
@@ -209,7 +217,7 @@ class Collator:
         """The arena size a batch needs (walk only: nothing allocated or copied)."""
         if _ext._C is None:
             raise RuntimeError("fastcollate: planned_bytes needs the compiled engine")
-        if isinstance(batch, Gathered):
+        if _gather_hook(batch) is not None:
             batch = list(batch)
         return int(_ext._C.plan_bytes(batch, reference.collate_subtree, self._pad_engine(batch)))
 
@@ -220,11 +228,12 @@ class Collator:
             return reference.collate(batch) if self.pad is None else self.pad.collate(batch)
         in_worker = get_worker_info() is not None
         if in_worker:
-            alloc, threads = worker_alloc or _alloc_shared, self.num_threads or 1
+            alloc, threads = worker_alloc or alloc_shared, self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
-        if isinstance(batch, Gathered):  # rows of an ArrayDataset: gathered without per-sample Python
-            out = gather(batch, alloc, threads, self.pad)
+        hook = _gather_hook(batch)
+        if hook is not None:  # rows of an ArrayDataset: gathered without per-sample Python
+            out = hook(alloc, threads, self.pad)
             if out is not None:  # counted by the engine (gathered_batches)
                 return out
             batch = list(batch)  # the ordinary path, and its errors
@@ -243,7 +252,7 @@ class Collator:
         return self.pad.engine_for(elem)
 
 
-_default = Collator()
+DEFAULT_COLLATOR = Collator()  # what fastcollate.collate calls; the ring adopts it
 
 
 def collate(batch: Sequence[Any]) -> Any:
@@ -254,7 +263,7 @@ def collate(batch: Sequence[Any]) -> Any:
     [tensor([[1, 2],
             [3, 4]]), tensor([0, 1])]
     """
-    return _default(batch)
+    return DEFAULT_COLLATOR(batch)
 
 
 def stats() -> dict[str, Any]:

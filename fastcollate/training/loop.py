@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from ._tree import iter_tensors, map_tensors
+from ..core.tree import iter_tensors, map_tensors
 
 logger = logging.getLogger("fastcollate")
 

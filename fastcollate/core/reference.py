@@ -17,10 +17,10 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import collate as _tc
 
-from ._tree import rebuild_mapping
+from .tree import rebuild_mapping
 
 _STR_OBJ_DTYPE = re.compile(r"[SaUO]")
-_UNSUPPORTED = "batch must contain tensors, numpy arrays, numbers, dicts or lists"
+_UNSUPPORTED_TYPE = "batch must contain tensors, numpy arrays, numbers, dicts or lists"
 _SPARSE = {torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc}
 
 Path = tuple
@@ -35,12 +35,12 @@ def _where(path: Path) -> str:
     return f"fastcollate: {format_path(path)}"
 
 
-def _type_name(obj: Any) -> str:
+def type_name(obj: Any) -> str:
     t = type(obj)
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _rewrap(exc: BaseException, message: str) -> BaseException:
+def rewrap(exc: BaseException, message: str) -> BaseException:
     """The same exception class with a better message; the original stays as the cause."""
     try:
         new = type(exc)(message)
@@ -54,11 +54,11 @@ def _first_odd_sample(batch: Sequence[Any]) -> str:
     t0 = type(batch[0])
     for i, x in enumerate(batch):
         if type(x) is not t0:
-            return f"sample {i} is {_type_name(x)}, sample 0 is {_type_name(batch[0])}: "
+            return f"sample {i} is {type_name(x)}, sample 0 is {type_name(batch[0])}: "
     return ""
 
 
-_UNSUPPORTED = ("Batches of {kind} tensors are not currently supported by the default collate_fn; "
+_UNSUPPORTED_LAYOUT = ("Batches of {kind} tensors are not currently supported by the default collate_fn; "
                 "please provide a custom collate_fn to handle them appropriately.")
 
 
@@ -72,16 +72,16 @@ def _in_worker() -> bool:
 def _tensors(batch, path, worker, shared):
     elem = batch[0]
     if elem.is_nested:  # torch's words first (code and tests match them), then where
-        raise RuntimeError(_UNSUPPORTED.format(kind="nested") + f" (fastcollate: {_where(path)}: sample 0 is a "
+        raise RuntimeError(_UNSUPPORTED_LAYOUT.format(kind="nested") + f" (fastcollate: {_where(path)}: sample 0 is a "
                            "nested tensor; fastcollate's pad= pads variable-length leaves)")
     if elem.layout in _SPARSE:
-        raise RuntimeError(_UNSUPPORTED.format(kind="sparse") + f" (fastcollate: {_where(path)}: sample 0 is a "
+        raise RuntimeError(_UNSUPPORTED_LAYOUT.format(kind="sparse") + f" (fastcollate: {_where(path)}: sample 0 is a "
                            f"sparse tensor, {elem.layout})")
     for i, t in enumerate(batch):  # types first: torch.stack rejects a non-tensor before shapes
         if not isinstance(t, torch.Tensor):
             # in a worker default_collate first sums the samples' numel(): an AttributeError there
             cls = AttributeError if shared and not hasattr(t, "numel") else TypeError
-            raise cls(f"{_where(path)}: sample {i} is {_type_name(t)}, sample 0 is a Tensor")
+            raise cls(f"{_where(path)}: sample {i} is {type_name(t)}, sample 0 is a Tensor")
     for i, t in enumerate(batch):
         if t.shape != elem.shape:
             raise RuntimeError(
@@ -102,7 +102,7 @@ def _tensors(batch, path, worker, shared):
     except Exception as exc:
         dtypes = sorted({str(t.dtype) for t in batch})
         extra = f" (sample dtypes: {', '.join(dtypes)})" if len(dtypes) > 1 else ""
-        raise _rewrap(exc, f"{_where(path)}: {exc}{extra}") from exc
+        raise rewrap(exc, f"{_where(path)}: {exc}{extra}") from exc
 
 
 def _numpy_arrays(batch, path, worker, shared):
@@ -110,15 +110,15 @@ def _numpy_arrays(batch, path, worker, shared):
     if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None:
         raise TypeError(
             f"{_where(path)}: sample 0 is a numpy array of dtype {elem.dtype}; default_collate: "
-            f"{_UNSUPPORTED}; found {elem.dtype}"
+            f"{_UNSUPPORTED_TYPE}; found {elem.dtype}"
         )
     tensors = []
     for i, b in enumerate(batch):
         try:
             tensors.append(torch.as_tensor(b))
         except Exception as exc:
-            what = f"numpy array of dtype {b.dtype}" if hasattr(b, "dtype") else _type_name(b)
-            raise _rewrap(exc, f"{_where(path)}: sample {i} ({what}) cannot become a tensor: {exc}") from exc
+            what = f"numpy array of dtype {b.dtype}" if hasattr(b, "dtype") else type_name(b)
+            raise rewrap(exc, f"{_where(path)}: sample {i} ({what}) cannot become a tensor: {exc}") from exc
     return _collate(tensors, path, worker, shared)
 
 
@@ -132,7 +132,7 @@ def _scalars(convert: Callable[[Any], torch.Tensor]):
                 big = next((i for i, x in enumerate(batch) if not -(2**63) <= int(x) < 2**63), None)
                 if big is not None:
                     detail = f"sample {big} ({batch[big]}) does not fit in int64: "
-            raise _rewrap(exc, f"{_where(path)}: {detail}{exc}") from exc
+            raise rewrap(exc, f"{_where(path)}: {detail}{exc}") from exc
 
     return collate_scalars
 
@@ -198,8 +198,8 @@ def mapping_column(batch: Sequence[Any], key: Any, path: Sequence[Any] = ()) -> 
             ) from None
         except TypeError as exc:
             raise TypeError(
-                f"{_where(tuple(path))}: sample {i} is {_type_name(d)}, sample 0 is a mapping "
-                f"({_type_name(elem)}): {exc}"
+                f"{_where(tuple(path))}: sample {i} is {type_name(d)}, sample 0 is a mapping "
+                f"({type_name(elem)}): {exc}"
             ) from exc
     return column
 
@@ -216,8 +216,8 @@ def _transposed(batch, path):
     except TypeError as exc:
         odd = next((i for i, s in enumerate(batch) if not isinstance(s, collections.abc.Iterable)), 0)
         raise TypeError(
-            f"{_where(path)}: sample {odd} is {_type_name(batch[odd])}, sample 0 is a sequence "
-            f"({_type_name(batch[0])}): {exc}"
+            f"{_where(path)}: sample {odd} is {type_name(batch[odd])}, sample 0 is a sequence "
+            f"({type_name(batch[0])}): {exc}"
         ) from exc
 
 
@@ -234,7 +234,7 @@ def _sequence(batch, path, worker, shared):
             n = len(s)
         except TypeError as exc:
             raise TypeError(
-                f"{_where(path)}: sample {i} is {_type_name(s)}, sample 0 is a sequence of length {size}: {exc}"
+                f"{_where(path)}: sample {i} is {type_name(s)}, sample 0 is a sequence of length {size}: {exc}"
             ) from exc
         if n != size:
             raise RuntimeError(
@@ -261,8 +261,8 @@ def _collate(batch, path: Path, worker: bool, shared: bool):
         elem = batch[0]
     except (IndexError, KeyError, TypeError) as exc:
         n = len(batch) if isinstance(batch, collections.abc.Sized) else None
-        what = "an empty batch" if n == 0 else f"a {_type_name(batch)} (it must be a sequence of samples)"
-        raise _rewrap(exc, f"{_where(path)}: cannot collate {what}") from exc
+        what = "an empty batch" if n == 0 else f"a {type_name(batch)} (it must be a sequence of samples)"
+        raise rewrap(exc, f"{_where(path)}: cannot collate {what}") from exc
     fn = _lookup(elem)
     if fn is not None:
         handler = _HANDLERS.get(fn)
@@ -276,8 +276,8 @@ def _collate(batch, path: Path, worker: bool, shared: bool):
     if isinstance(elem, collections.abc.Sequence):
         return _sequence(batch, path, worker, shared)
     raise TypeError(
-        f"{_where(path)}: cannot collate sample 0 of type {_type_name(elem)}; "
-        f"default_collate: {_UNSUPPORTED}; found {type(elem)}"
+        f"{_where(path)}: cannot collate sample 0 of type {type_name(elem)}; "
+        f"default_collate: {_UNSUPPORTED_TYPE}; found {type(elem)}"
     )
 
 

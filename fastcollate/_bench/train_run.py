@@ -8,9 +8,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from .collate import collate
-from .monitor import StallMonitor
-from .train import train_one_epoch
+from ..core.collator import collate
+from ..training.monitor import StallMonitor
+from ..training.loop import train_one_epoch
 
 
 class SyntheticImages(Dataset):

@@ -1,6 +1,6 @@
 """fastcollate.DataLoader: torch's DataLoader (same arguments, same iteration), collate_fn
 defaulting to fastcollate's, and -- with num_workers > 0 on Linux -- workers that collate
-straight into a recycled ring of shared slots (see fastcollate.ring)."""
+straight into a recycled ring of shared slots (see fastcollate.workers.ring)."""
 from __future__ import annotations
 
 import inspect
@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import torch
 import torch.utils.data as tud
 
-from . import _ext
-from .collate import Collator, collate as _collate_fn
+from .. import _ext
+from ..core.collator import Collator, collate as _collate_fn
 from .ring import Ring, RingCollator
 
 logger = logging.getLogger("fastcollate")

@@ -13,15 +13,11 @@ import torch
 from torch.utils.data import default_collate
 
 from . import workloads
-from .collate import Collator
+from .._text import table_rule
+from ..core.collator import Collator
 
 
-def table_rule(head: str) -> str:
-    """The markdown rule under a table's header line, column widths kept."""
-    return "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"
-
-
-def _time_per_call(fn: Callable[[], Any], min_time: float) -> float:
+def time_per_call(fn: Callable[[], Any], min_time: float) -> float:
     """Seconds per call: repeat fn until min_time has passed (at least 3 calls)."""
     held = fn()  # warm (and keep one result alive, like the loop's previous batch)
     calls, start = 0, time.perf_counter()
@@ -44,9 +40,9 @@ def measure(name: str, rounds: int = 5, min_time: float = 0.2, collator: Collato
     dst = torch.empty(nbytes, dtype=torch.uint8)
     t_default, t_fast, t_ceiling = [], [], []
     for _ in range(rounds):
-        t_default.append(_time_per_call(lambda: default_collate(batch), min_time))
-        t_fast.append(_time_per_call(lambda: fast(batch), min_time))
-        t_ceiling.append(_time_per_call(lambda: dst.copy_(src), min_time))
+        t_default.append(time_per_call(lambda: default_collate(batch), min_time))
+        t_fast.append(time_per_call(lambda: fast(batch), min_time))
+        t_ceiling.append(time_per_call(lambda: dst.copy_(src), min_time))
     d, f, c = (statistics.median(x) for x in (t_default, t_fast, t_ceiling))
     return {
         "workload": name,
@@ -68,8 +64,8 @@ def measure_pad(name: str, rounds: int = 5, min_time: float = 0.2) -> dict[str, 
     fast = Collator(pad={"input_ids": 0, "labels": -100})
     t_usual, t_fast = [], []
     for _ in range(rounds):
-        t_usual.append(_time_per_call(lambda: workloads.usual_padding(batch), min_time))
-        t_fast.append(_time_per_call(lambda: fast(batch), min_time))
+        t_usual.append(time_per_call(lambda: workloads.usual_padding(batch), min_time))
+        t_fast.append(time_per_call(lambda: fast(batch), min_time))
     u, f = statistics.median(t_usual), statistics.median(t_fast)
     return {"workload": name, "description": label, "usual_ms": u * 1e3, "fastcollate_ms": f * 1e3,
             "speedup": u / f, "rounds": rounds}
@@ -108,7 +104,7 @@ def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[st
     """torch's DataLoader (workers, and none) vs fastcollate.DataLoader's worker ring."""
     from torch.utils.data import DataLoader as TorchLoader
 
-    from .loader import DataLoader as FastLoader
+    from ..workers.dataloader import DataLoader as FastLoader
 
     label, make = workloads.LOADER_WORKLOADS[name]
     ds, bs = make()
@@ -153,7 +149,7 @@ def measure_startup(rounds: int = 3, num_workers: int = 2, batches: int = 12, ba
     interleaved rounds, medians: what a user meets first, not the steady state."""
     from torch.utils.data import DataLoader as TorchLoader
 
-    from .loader import DataLoader as FastLoader
+    from ..workers.dataloader import DataLoader as FastLoader
 
     g = torch.Generator().manual_seed(9)
     ds = workloads.CachedSamples([{"image": torch.randint(0, 256, (3, 256, 256), dtype=torch.uint8, generator=g),

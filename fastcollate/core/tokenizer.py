@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .collate import Collator
+from .collator import Collator
 
 
 class RenameLabel:

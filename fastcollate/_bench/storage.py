@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
-from .arrays import ArrayDataset, TokenWindows
-from .bench import table_rule
-from .collate import Collator
-from .loader import DataLoader
+from ..data.arrays import ArrayDataset, TokenWindows
+from .._text import table_rule
+from ..core.collator import Collator
+from ..workers.dataloader import DataLoader
 
 
 class NaiveWindows(Dataset):
@@ -133,7 +133,7 @@ def measure_features(workers: int, rounds: int, rows: int = 100_000, batch_size:
             "ours": r["ours"], "baselines": {"TensorDataset + default_collate": r["tensor"]}}
 
 
-def _token_lists(rows: int, seed: int = 0) -> dict[str, Any]:
+def token_lists(rows: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     lens = rng.integers(16, 256, rows)
     return {"input_ids": [rng.integers(5, 20, k).tolist() for k in lens], "label": rng.integers(0, 2, rows).tolist()}
@@ -147,7 +147,7 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
     # input_ids as int32: how a tokenizer's map stores them
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                                   "label": datasets.Value("int64")})
-    hf = datasets.Dataset.from_dict(_token_lists(rows), features=features)
+    hf = datasets.Dataset.from_dict(token_lists(rows), features=features)
     ours_ds = ArrayDataset.from_hf(hf)
     tok = _tokenizer()
     if tok is not None:
@@ -157,7 +157,7 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
         ours_fn = Collator.for_tokenizer(tok)
         label = "datasets rows + DataCollatorWithPadding"
     else:
-        theirs_fn, ours_fn = _usual_padding, Collator(pad={"input_ids": 0})
+        theirs_fn, ours_fn = usual_padding, Collator(pad={"input_ids": 0})
         label = "datasets rows + pad_sequence + mask"
     idx = [4, 0, 9]
     assert _same(ours_fn(ours_ds.__getitems__(idx)), dict(theirs_fn([hf[i] for i in idx])))
@@ -170,7 +170,7 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
             "ours": r["ours"], "baselines": {label: r["theirs"]}}
 
 
-def _usual_padding(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+def usual_padding(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     from torch.nn.utils.rnn import pad_sequence
 
     ids = [torch.as_tensor(r["input_ids"]) for r in rows]

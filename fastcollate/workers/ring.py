@@ -9,7 +9,7 @@ The segment is a sparse memfd: nothing is allocated or faulted when it is made, 
 allocated by the worker that first writes it, and a slot costs its page faults once, on its
 first batch; every later batch in it costs none. Slot states live in a shared control block of
 int64 atomics (csrc/ring.cpp): free, filled by a worker (its pid), or held by the main process
-(its views; for a page-locked ring also the copies still reading it, see fastcollate.pinning).
+(its views; for a page-locked ring also the copies still reading it, see fastcollate.workers.pinning).
 A worker never waits for a slot: with none free, or a batch larger than a slot, it collates
 into an ordinary shared arena (counted). Slots of dead workers are reclaimed by the next worker
 that finds the ring full and at each new epoch.
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from . import _ext
-from ._tree import map_tensors
-from .collate import Collator, _alloc_shared, _default as _DEFAULT_COLLATOR
+from .. import _ext
+from ..core.tree import map_tensors
+from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
 _RINGS: "weakref.WeakValueDictionary[str, Ring]" = weakref.WeakValueDictionary()
@@ -294,7 +294,7 @@ class _SlotAlloc:
             self.ring.count("full")
         else:
             self.ring.count("oversize")
-        return _alloc_shared(nbytes)
+        return alloc_shared(nbytes)
 
 
 class RingCollator:
@@ -311,7 +311,7 @@ class RingCollator:
 
     def __init__(self, inner: Any, ring: Ring) -> None:
         self.inner = inner
-        self.collator: Collator = inner if isinstance(inner, Collator) else _DEFAULT_COLLATOR
+        self.collator: Collator = inner if isinstance(inner, Collator) else DEFAULT_COLLATOR
         self.ring = ring
 
     def __repr__(self) -> str:

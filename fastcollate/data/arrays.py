@@ -1,22 +1,23 @@
 """Datasets over arrays that are already in memory (numpy arrays, memmaps, CPU tensors, ragged
 values + offsets) whose batches skip per-sample Python: ``__getitems__`` returns a
 :class:`Gathered` batch that fastcollate's collate turns into tensors by gathering the indexed
-rows of every column straight into the batch's arena (fastcollate.gather). Any other collate_fn
+rows of every column straight into the batch's arena (fastcollate.data.gather). Any other collate_fn
 sees ordinary samples: a Gathered batch is a sequence whose items are made on access, each
 exactly ``dataset[i]``.
 """
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .columns import Ragged, Source, Window, _Array, _convert_row, _readable, _source
+from .columns import Ragged, Source, Window, HeldArray, convert_row, readable, make_source
 
-__all__ = ["ArrayDataset", "Gathered", "Ragged", "TokenWindows"]
+__all__ = ["ArrayDataset", "GatherLayout", "Gathered", "Ragged", "TokenWindows"]
 
 
 class ArrayDataset(Dataset):
@@ -51,7 +52,7 @@ class ArrayDataset(Dataset):
         unknown = [k for k in dtypes if k not in dict(items)]
         if unknown:
             raise KeyError(f"fastcollate.ArrayDataset: dtypes= names columns that do not exist: {unknown}")
-        self._sources: dict[Any, Source] = {k: _source(c, k, dtypes.get(k)) for k, c in items}
+        self._sources: dict[Any, Source] = {k: make_source(c, k, dtypes.get(k)) for k, c in items}
         sizes = {k: s.n for k, s in self._sources.items()}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"fastcollate.ArrayDataset: columns have different numbers of rows: {sizes}")
@@ -59,18 +60,28 @@ class ArrayDataset(Dataset):
         self._refresh()
 
     def _refresh(self) -> None:
-        # per batch, only these are looked at: whether any column forbids the gather, and the
-        # columns whose storage can change under them (memmaps)
-        self._slow = any(s.why_slow is not None for s in self._sources.values())
         # one check per held array (TokenWindows' two columns share theirs): a stat() each
         holders = {id(getattr(s, "holder", s)): s for s in reversed(self._sources.values()) if s.needs_check}
-        self._checked = list(reversed(holders.values()))
-        self._compiled = _Compiled()
+        self.layout = GatherLayout(self._sources, self._mapping, self._n,
+                                   slow=any(s.why_slow is not None for s in self._sources.values()),
+                                   checked=list(reversed(holders.values())))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # datasets pickled before the layout existed carried its parts as attributes
+        for stale in ("_slow", "_checked", "_compiled", "layout"):
+            state.pop(stale, None)
+        self.__dict__.update(state)
+        self._refresh()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("layout", None)  # rebuilt on load (it holds this process's compiled gather)
+        return state
 
     @staticmethod
     def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> "ArrayDataset":
         """The numeric columns of a Hugging Face ``datasets.Dataset``, gathered from its Arrow
-        buffers; see :func:`fastcollate.hf.from_hf`."""
+        buffers; see :func:`fastcollate.data.hf.from_hf`."""
         from .hf import from_hf
 
         return from_hf(dataset, columns)
@@ -101,7 +112,7 @@ class ArrayDataset(Dataset):
 
     def __getitem__(self, i: Any) -> Any:
         j = self._row_index(i)
-        for s in self._checked:
+        for s in self.layout.checked:
             s.check()
         values = [s.row(j) for s in self._sources.values()]
         return dict(zip(self._sources, values)) if self._mapping else tuple(values)
@@ -136,11 +147,25 @@ class ArrayDataset(Dataset):
 
 
 class _Compiled(dict):
-    """What fastcollate.gather builds once per dataset (its compiled template, which holds this
+    """What the gather builds once per dataset (its compiled template, which holds this
     process's addresses): pickled empty, so an unpickled copy builds its own."""
 
     def __reduce__(self):
         return (_Compiled, ())
+
+
+@dataclasses.dataclass(eq=False)
+class GatherLayout:
+    """What the gather (fastcollate.data.gather) reads of an ArrayDataset: its columns, whether
+    samples are dicts, the row count, whether any column forbids the gather, the columns whose
+    storage can change under them (memmaps: checked once per batch), and a per-process cache."""
+
+    sources: dict[Any, Source]
+    mapping: bool
+    n: int
+    slow: bool
+    checked: list[Source]
+    compiled: _Compiled = dataclasses.field(default_factory=_Compiled)
 
 
 class Gathered(collections.abc.Sequence):
@@ -166,6 +191,14 @@ class Gathered(collections.abc.Sequence):
     def __repr__(self) -> str:
         return f"Gathered({len(self)} rows of {self.dataset!r})"
 
+    def __fastcollate_gather__(self, alloc: Any, threads: int, pad: Any) -> Any:
+        """The hook fastcollate's collate calls on a batch that has it: the collated batch
+        gathered into one arena (``alloc``: nbytes -> uint8 tensor, None for the pool), or None
+        when only the ordinary path (the batch's samples, one by one) can promise the result."""
+        from .gather import gather
+
+        return gather(self.dataset, self.indices, alloc, threads, pad)
+
 
 class TokenWindows(ArrayDataset):
     """Training windows over one long token array (the nanoGPT layout: a ``uint16`` memmap).
@@ -185,7 +218,7 @@ class TokenWindows(ArrayDataset):
         if not isinstance(tokens, (np.ndarray, torch.Tensor)):
             raise TypeError(f"fastcollate.TokenWindows: tokens must be a numpy array, memmap or CPU tensor, got "
                             f"{type(tokens).__name__}")
-        src, why = _readable(tokens)
+        src, why = readable(tokens)
         integer = src is not None and not src.is_floating_point and not src.is_complex and src != torch.bool
         if tokens.ndim != 1 or not integer:
             raise TypeError(f"fastcollate.TokenWindows: tokens must be a 1-D array of integers, got "
@@ -201,7 +234,7 @@ class TokenWindows(ArrayDataset):
             raise ValueError(f"fastcollate.TokenWindows: {total} tokens make no window of seq_len + 1 = "
                              f"{seq_len + 1}")
         n = (total - seq_len - 1) // stride + 1
-        holder = _Array(tokens)
+        holder = HeldArray(tokens)
         self.seq_len, self.stride, self.dtype = seq_len, stride, dtype
         super().__init__({key: Window(holder, src, why, n, seq_len, stride, shift, dtype)
                           for key, shift in (("input_ids", 0), ("labels", 1))})
@@ -215,7 +248,7 @@ class TokenWindows(ArrayDataset):
         src = self._sources["input_ids"]
         src.check()
         start = j * self.stride
-        window = _convert_row(self.tokens[start:start + self.seq_len + 1], self.dtype)
+        window = convert_row(self.tokens[start:start + self.seq_len + 1], self.dtype)
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def __repr__(self) -> str:

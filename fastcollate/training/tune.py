@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from .bench import table_rule
-from .collate import _cores, collate as fast_collate
+from .._text import table_rule
+from ..core.collator import usable_cores, collate as fast_collate
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ def _worker_pids(it: Any) -> list[int]:
 
 
 def _candidates(num_workers: Sequence[int] | None) -> list[int]:
-    cores = _cores()
+    cores = usable_cores()
     if num_workers is None:
         num_workers = sorted({0, 1, 2, 4, 8, 16, cores})
     return [w for w in num_workers if 0 <= w <= cores]  # never more workers than cores
@@ -74,7 +74,7 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
         raise ValueError(f"tune_loader: budget_s must be > 0, got {budget_s}")
     workers = _candidates(num_workers)
     if not workers:
-        raise ValueError(f"tune_loader: no worker count fits the {_cores()} cores available")
+        raise ValueError(f"tune_loader: no worker count fits the {usable_cores()} cores available")
     pins = list(pin_memory) if pin_memory is not None else ([False, True] if torch.cuda.is_available() else [False])
     collates: list[tuple[str, Callable]] = [("fastcollate", collate_fn or fast_collate)]
     if compare_default and collate_fn is None:

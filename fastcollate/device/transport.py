@@ -13,16 +13,16 @@ from typing import Any, Callable
 
 import torch
 
-from . import _ext
-from ._tree import iter_tensors, map_tensors
+from .. import _ext
+from ..core.tree import iter_tensors, map_tensors
 
 Transform = Callable[[Any], Any]
 
 
-class Held:
+class HostHold:
     """Host memory kept alive until a copy out of it has completed. Memory that torch's caching
     host allocator did not hand out (a page-locked ring slot) is not guarded by torch: whatever
-    drops a Held -- the consumer once ``done()``, ``close()``, garbage collection, a queued batch
+    drops a HostHold -- the consumer once ``done()``, ``close()``, garbage collection, a queued batch
     discarded at shutdown -- waits for the copy first, so nothing is released while read."""
 
     __slots__ = ("ready", "host")
@@ -54,7 +54,7 @@ class Delivered:
     timing: Any = None                # (start, end) events around the H2D copy
     nbytes: int = 0
     single_copy: bool = False
-    hold: Held | None = None          # host memory kept alive until `ready` has completed
+    hold: HostHold | None = None          # host memory kept alive until `ready` has completed
 
 
 def find_arena(batch: Any) -> tuple[torch.UntypedStorage, int] | None:
@@ -150,4 +150,4 @@ class CudaTransport:
         # one record_stream per device storage (views share it)
         owners = {t.untyped_storage().data_ptr(): t for t in iter_tensors(out) if t.is_cuda}
         return Delivered(out, ready, list(owners.values()), (start, end), nbytes, arena is not None,
-                         hold=Held(ready, batch))
+                         hold=HostHold(ready, batch))

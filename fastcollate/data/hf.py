@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .arrays import ArrayDataset
-from .columns import Source, _torch_dtype
+from .columns import Source, torch_dtype_of
 
 
 def _kind(t: Any) -> str | None:
@@ -43,7 +43,7 @@ class _ArrowColumn(Source):
         if self.kind is None:
             raise TypeError(f"fastcollate.ArrayDataset.from_hf: column {name!r} is {typ}; gathered columns hold "
                             "numbers or lists of numbers (choose them with columns=)")
-        self.src = torch.bool if self.kind == "bool" else _torch_dtype(np.dtype(value_type.to_pandas_dtype()))
+        self.src = torch.bool if self.kind == "bool" else torch_dtype_of(np.dtype(value_type.to_pandas_dtype()))
         # what default_collate makes of Python numbers: int64, float64, bool
         self.out = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}[self.kind]
         if self.src == torch.uint64:

@@ -80,8 +80,9 @@ def _shutdown(q: "queue.Queue", stop: threading.Event, thread: threading.Thread,
     _drain(q)  # what the thread put after the last drain: released now, not with the epoch
 
 
-class Epoch:
-    """One pass over the source; an iterator. Not restartable: make a new one per epoch."""
+class Producer:
+    """The producer thread of one pass over the source, and its consumer's iterator. Not
+    restartable: make a new one per epoch."""
 
     def __init__(self, source: Iterable, stage: Callable[[Any], Any], depth: int, stats: PipelineStats,
                  *, name: str = "fastcollate-prefetch", on_start: Callable[[], None] | None = None,
@@ -100,7 +101,7 @@ class Epoch:
             stats.epochs += 1
         self._thread.start()
 
-    def __iter__(self) -> "Epoch":
+    def __iter__(self) -> "Producer":
         return self
 
     def __next__(self) -> Any:

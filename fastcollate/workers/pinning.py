@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _ext
+from .. import _ext
 
 logger = logging.getLogger("fastcollate")
 FenceFactory = Callable[[], Any]

@@ -1,4 +1,4 @@
-"""The columns of fastcollate.arrays' datasets: where row i's bytes are (for the gather) and
+"""The columns of fastcollate.data.arrays' datasets: where row i's bytes are (for the gather) and
 what row i is in plain Python (for ``ds[i]``): numpy arrays and memmaps, CPU tensors, ragged
 values + offsets, token windows. Memmaps pickle as their file and are checked against it
 shrinking."""
@@ -17,7 +17,7 @@ _GATHER_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
                   torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
 
-def _torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
+def torch_dtype_of(np_dtype: np.dtype) -> torch.dtype | None:
     try:
         return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
     except (TypeError, ValueError):
@@ -46,7 +46,7 @@ def _rows_contiguous(arr: Any) -> bool:
     return True
 
 
-def _readable(arr: Any) -> tuple[torch.dtype | None, str | None]:
+def readable(arr: Any) -> tuple[torch.dtype | None, str | None]:
     """The column's torch dtype, and why the gather cannot read it (None: it can)."""
     if isinstance(arr, torch.Tensor):
         if arr.device.type != "cpu":
@@ -55,7 +55,7 @@ def _readable(arr: Any) -> tuple[torch.dtype | None, str | None]:
             return arr.dtype, "it is not a plain dense tensor"
         dtype = arr.dtype
     else:
-        dtype = _torch_dtype(arr.dtype)
+        dtype = torch_dtype_of(arr.dtype)
         if dtype is None:
             return None, f"numpy dtype {arr.dtype} has no torch equivalent"
         if not arr.dtype.isnative or not arr.flags.aligned:
@@ -101,7 +101,7 @@ class _Memmap:
         return np.memmap(self.filename, dtype=dtype, mode=self.mode, offset=self.start, shape=shape)
 
 
-class _Array:
+class HeldArray:
     """An array column held by a dataset: pickled so that memmaps are mapped again."""
 
     def __init__(self, arr: Any) -> None:
@@ -115,15 +115,15 @@ class _Array:
     def __reduce__(self):
         if self.mm is not None:
             return (_reopen, (self.mm, self.arr.dtype, tuple(self.arr.shape)))
-        return (_Array, (self.arr,))
+        return (HeldArray, (self.arr,))
 
     def check(self, key: Any) -> None:
         if self.mm is not None:
             self.mm.check(key)
 
 
-def _reopen(mm: _Memmap, dtype: np.dtype, shape: tuple[int, ...]) -> _Array:
-    return _Array(mm.reopen(dtype, shape))
+def _reopen(mm: _Memmap, dtype: np.dtype, shape: tuple[int, ...]) -> HeldArray:
+    return HeldArray(mm.reopen(dtype, shape))
 
 
 class Source:
@@ -176,7 +176,7 @@ def _check_widening(key: Any, src: torch.dtype | None, dtype: torch.dtype | None
                          f"(into {', '.join(str(d) for d in _WIDEN)} only)")
 
 
-def _convert_row(x: Any, dtype: torch.dtype | None) -> Any:
+def convert_row(x: Any, dtype: torch.dtype | None) -> Any:
     if dtype is None:
         return x
     # the copy keeps rows of read-only memmaps writable; the conversion is torch's own
@@ -184,10 +184,10 @@ def _convert_row(x: Any, dtype: torch.dtype | None) -> Any:
     return t.to(dtype, copy=True)
 
 
-class _Held(Source):
+class ArraySource(Source):
     """A source whose rows live in one held array (``holder``)."""
 
-    holder: _Array
+    holder: HeldArray
 
     def check(self) -> None:
         self.holder.check(self.key)
@@ -197,13 +197,13 @@ class _Held(Source):
         return self.holder.mm is not None
 
 
-class _Dense(_Held):
+class DenseSource(ArraySource):
     """Row i is ``arr[i]`` (a numpy row, a numpy scalar for 1-D arrays, or a tensor view)."""
 
     def __init__(self, arr: Any, key: Any, dtype: torch.dtype | None) -> None:
-        self.key, self.holder = key, _Array(arr)
+        self.key, self.holder = key, HeldArray(arr)
         self.n = int(arr.shape[0])
-        self.src, self.why_slow = _readable(arr)
+        self.src, self.why_slow = readable(arr)
         self.convert = dtype  # dtypes= makes rows tensors of that dtype (None: rows as indexed)
         self.out = dtype or self.src
         self.scalar = arr.ndim == 1
@@ -218,7 +218,7 @@ class _Dense(_Held):
         return self.holder.arr
 
     def row(self, i: int) -> Any:
-        return _convert_row(self.arr[i], self.convert)
+        return convert_row(self.arr[i], self.convert)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         return self.holder.address + rows * self.holder.stride0
@@ -227,14 +227,14 @@ class _Dense(_Held):
         return self.holder.address, self.holder.stride0, 0
 
 
-class _Ragged(_Held):
+class RaggedSource(ArraySource):
     """Row i is ``values[offsets[i]:offsets[i + 1]]``."""
 
     def __init__(self, ragged: "Ragged", key: Any, dtype: torch.dtype | None) -> None:
         values = ragged.values
-        self.key, self.holder, self.offsets = key, _Array(values), ragged.offsets
+        self.key, self.holder, self.offsets = key, HeldArray(values), ragged.offsets
         self.n = len(self.offsets) - 1
-        self.src, self.why_slow = _readable(values)
+        self.src, self.why_slow = readable(values)
         self.convert = dtype  # dtypes= makes rows tensors of that dtype (None: rows as indexed)
         self.out = dtype or self.src
         self.trailing = tuple(int(s) for s in values.shape[1:])
@@ -242,7 +242,7 @@ class _Ragged(_Held):
         _check_widening(key, self.src, dtype)
 
     def row(self, i: int) -> Any:
-        return _convert_row(self.holder.arr[int(self.offsets[i]):int(self.offsets[i + 1])], self.convert)
+        return convert_row(self.holder.arr[int(self.offsets[i]):int(self.offsets[i + 1])], self.convert)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         return self.holder.address + self.offsets[rows] * self.holder.stride0
@@ -300,33 +300,33 @@ class Ragged:
         return self.values[int(self.offsets[i]):int(self.offsets[i + 1])]
 
 
-def _source(col: Any, key: Any, dtype: torch.dtype | None) -> Source:
+def make_source(col: Any, key: Any, dtype: torch.dtype | None) -> Source:
     if isinstance(col, Source):
         if dtype is not None:
             raise ValueError(f"fastcollate.ArrayDataset: column {key!r}: dtypes= applies to arrays and Ragged only")
         col.key = key
         return col
     if isinstance(col, Ragged):
-        return _Ragged(col, key, dtype)
+        return RaggedSource(col, key, dtype)
     if not isinstance(col, (np.ndarray, torch.Tensor)):
         raise TypeError(f"fastcollate.ArrayDataset: column {key!r} is a {type(col).__name__}; columns are numpy "
                         "arrays (memmaps included), CPU tensors or fastcollate.Ragged")
     if col.ndim < 1:
         raise ValueError(f"fastcollate.ArrayDataset: column {key!r} is 0-d; a column needs a row dimension")
-    return _Dense(col, key, dtype)
+    return DenseSource(col, key, dtype)
 
 
-class Window(_Held):
+class Window(ArraySource):
     """``tokens[i * stride + shift : ... + seq_len]`` as ``dtype``: one side of a window."""
 
-    def __init__(self, holder: _Array, src: torch.dtype, why_slow: str | None, n: int, seq_len: int, stride: int,
+    def __init__(self, holder: HeldArray, src: torch.dtype, why_slow: str | None, n: int, seq_len: int, stride: int,
                  shift: int, dtype: torch.dtype) -> None:
         self.holder, self.src, self.why_slow = holder, src, why_slow
         self.n, self.fixed, self.stride, self.shift, self.out = n, seq_len, stride, shift, dtype
 
     def row(self, i: int) -> Any:
         start = i * self.stride + self.shift
-        return _convert_row(self.holder.arr[start:start + self.fixed], self.out)
+        return convert_row(self.holder.arr[start:start + self.fixed], self.out)
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         return self.holder.address + (rows * (self.stride * self.holder.stride0) + self.shift * self.holder.stride0)

@@ -30,8 +30,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from . import reference
-from ._tree import rebuild_mapping
-from .reference import _rewrap, _type_name
+from .tree import rebuild_mapping
+from .reference import rewrap, type_name
 
 _LIST_DTYPES = {0: torch.bool, 1: torch.int64, 2: torch.float32}
 # what a Hugging Face tokenizer pads the sequences it returns beside input_ids with
@@ -158,15 +158,15 @@ class PadSpec:
                 try:
                     t = torch.as_tensor(s)
                 except Exception as exc:
-                    raise _rewrap(exc, f"{where}: sample {i} (numpy array of dtype {s.dtype}) cannot become a tensor: {exc}") from exc
+                    raise rewrap(exc, f"{where}: sample {i} (numpy array of dtype {s.dtype}) cannot become a tensor: {exc}") from exc
             elif isinstance(s, (list, tuple)):
                 bad = next((x for x in s if isinstance(x, (list, tuple)) or not isinstance(x, (bool, int, float))), None)
                 if bad is not None:
-                    raise TypeError(f"{where}: sample {i} holds {_type_name(bad)}; a padded list must be a flat "
+                    raise TypeError(f"{where}: sample {i} holds {type_name(bad)}; a padded list must be a flat "
                                     "list of numbers")
                 t = torch.tensor(list(s), dtype=list_dtype)
             else:
-                raise TypeError(f"{where}: sample {i} is {_type_name(s)}; a padded leaf must be a tensor, a "
+                raise TypeError(f"{where}: sample {i} is {type_name(s)}; a padded leaf must be a tensor, a "
                                 "numpy array or a list of numbers")
             if t.dim() == 0:
                 raise TypeError(f"{where}: sample {i} is a 0-d tensor; a padded leaf needs a length (first dimension)")
@@ -189,7 +189,7 @@ class PadSpec:
         lengths = [int(t.shape[0]) for t in seqs]
         length = self.target(max(lengths))
         value = dict(self.values)[key]
-        _check_fits(value, dtype, where)
+        check_fits(value, dtype, where)
         padded = pad_sequence(seqs, batch_first=True, padding_value=value, padding_side=self.side)
         if padded.shape[1] < length:  # rounding up to the multiple
             extra = torch.full((len(seqs), length - padded.shape[1], *padded.shape[2:]), value, dtype=dtype)
@@ -214,14 +214,14 @@ class PadSpec:
         try:
             elem = batch[0]
         except (IndexError, TypeError) as exc:
-            raise _rewrap(exc, "fastcollate: batch: cannot collate an empty batch" if hasattr(batch, "__len__")
-                          and len(batch) == 0 else f"fastcollate: batch: cannot collate a {_type_name(batch)}") from exc
+            raise rewrap(exc, "fastcollate: batch: cannot collate an empty batch" if hasattr(batch, "__len__")
+                          and len(batch) == 0 else f"fastcollate: batch: cannot collate a {type_name(batch)}") from exc
         if not isinstance(elem, collections.abc.Mapping):
-            raise TypeError(f"fastcollate: batch: pad= needs mapping samples (dicts), sample 0 is {_type_name(elem)}")
+            raise TypeError(f"fastcollate: batch: pad= needs mapping samples (dicts), sample 0 is {type_name(elem)}")
         pad_keys = [k for k, _ in self.values]
         for i, s in enumerate(batch):
             if not isinstance(s, collections.abc.Mapping):
-                raise TypeError(f"fastcollate: batch: sample {i} is {_type_name(s)}, sample 0 is a mapping")
+                raise TypeError(f"fastcollate: batch: sample {i} is {type_name(s)}, sample 0 is a mapping")
             for k in pad_keys:
                 if k not in s:
                     raise KeyError(f"{self._where(k)}: sample {i} has no padded key {k!r} (it has {list(s)})")
@@ -247,7 +247,7 @@ class PadSpec:
         return rebuild_mapping(elem, values)
 
 
-def _check_fits(value: Any, dtype: torch.dtype, where: str) -> None:
+def check_fits(value: Any, dtype: torch.dtype, where: str) -> None:
     if dtype == torch.bool:
         ok = value in (0, 1)
     elif dtype.is_floating_point or dtype.is_complex:

@@ -9,8 +9,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import default_collate
 
-from .bench import _time_per_call, table_rule
-from .collate import Collator
+from .._text import table_rule
+from .collate_bench import time_per_call
+from ..core.collator import Collator
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024, 4096)
 LEAVES = (1, 4, 16, 64)
@@ -33,8 +34,8 @@ def run(rounds: int = 3, min_time: float = 0.05, progress: Callable[[str], None]
         batch = samples(b, k)
         t_d, t_f = [], []
         for _ in range(rounds):  # interleaved: noise hits both
-            t_d.append(_time_per_call(lambda: default_collate(batch), min_time))
-            t_f.append(_time_per_call(lambda: fast(batch), min_time))
+            t_d.append(time_per_call(lambda: default_collate(batch), min_time))
+            t_f.append(time_per_call(lambda: fast(batch), min_time))
         d, f = statistics.median(t_d), statistics.median(t_f)
         n, nbytes = b * k, b * k * LEAF_FLOATS * 4
         rows.append({"batch_size": b, "leaves_per_sample": k, "leaves": n, "bytes": nbytes,

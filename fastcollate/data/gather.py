@@ -17,16 +17,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import _ext
-from .arrays import Gathered
-from .pad import PadSpec, _check_fits
+from .. import _ext
+from ..core.pad import PadSpec, check_fits
 
 _ALIGN = 64
 _COMPILED = True  # tests turn the fixed-row template off to compare it with the planned path
 _ROWS, _MASK, _LENGTHS = 0, 1, 2
 
 
-class _Plan:
+class GatherPlan:
     """The jobs of one gather (see csrc/gather.cpp) and where their outputs go in the arena."""
 
     def __init__(self, rows: int) -> None:
@@ -58,49 +57,50 @@ def _int64(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.int64 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _template(ds: Any) -> Any:
+def _template(layout: Any) -> Any:
     """The dataset's compiled fixed-row gather, or None when a column is not fixed and affine."""
-    cached = ds._compiled.get("fixed", False)
+    cached = layout.compiled.get("fixed", False)
     if cached is not False:
         return cached
     columns = []
-    for s in ds._sources.values():
+    for s in layout.sources.values():
         where = s.affine()
         if where is None or s.lists:
             columns = None
             break
         L = 1 if s.scalar else s.fixed
         columns.append((*where, L, _numel(s.trailing), s.src, s.out, list(s.trailing), s.scalar))
-    template = None if columns is None else _ext._C.FixedGather(list(ds._sources), ds._mapping, len(ds), columns,
-                                                                tuple(ds._sources.values()))
-    ds._compiled["fixed"] = template
+    template = None if columns is None else _ext._C.FixedGather(list(layout.sources), layout.mapping, layout.n,
+                                                                columns, tuple(layout.sources.values()))
+    layout.compiled["fixed"] = template
     return template
 
 
-def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> Any:
-    """The collated batch, gathered into one arena (``alloc``: nbytes -> uint8 tensor, None for
-    the pageable pool); None when only the ordinary path can promise default_collate's result."""
-    ds = batch.dataset
-    sources = ds._sources
-    if ds._slow or _ext._C is None:
+def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None) -> Any:
+    """The collated batch of rows ``indices`` of ArrayDataset ``ds``, gathered into one arena
+    (``alloc``: nbytes -> uint8 tensor, None for the pageable pool); None when only the ordinary
+    path can promise default_collate's result."""
+    layout = ds.layout
+    sources = layout.sources
+    if layout.slow or _ext._C is None:
         return None
     if pad is None and _COMPILED:
-        template = _template(ds)
+        template = _template(layout)
         if template is not None:
-            for s in ds._checked:
+            for s in layout.checked:
                 s.check()
-            out = template(batch.indices, alloc, threads)
+            out = template(indices, alloc, threads)
             if out is not None:
                 return out
-    rows = ds.rows(batch.indices)
+    rows = ds.rows(indices)
     B = len(rows)
     if B == 0:
         return None
-    for s in ds._checked:
+    for s in layout.checked:
         s.check()
     spec = None
     if pad is not None:
-        if not ds._mapping:
+        if not layout.mapping:
             return None
         present = tuple(k for k, _ in pad.optional if k in sources and not sources[k].scalar)
         spec = pad._for(present)[0]
@@ -108,7 +108,7 @@ def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> An
             return None
         if any(k is not None and k in sources for k in (spec.mask_key, spec.lengths_key)):
             return None
-    plan = _Plan(B)
+    plan = GatherPlan(B)
     padded = dict(spec.values) if spec is not None else {}
     tail: list[tuple] = []  # the mask and lengths go after every column, as padding appends them
     for key, s in sources.items():
@@ -119,7 +119,7 @@ def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> An
             lens = np.full(B, s.fixed, dtype=np.int64) if lens is None else _int64(lens)
             dtype = s.pad_dtype(lens)
             try:
-                _check_fits(padded[key], dtype, "")
+                check_fits(padded[key], dtype, "")
             except ValueError:
                 return None  # the reference's error
             longest = int(lens.max())
@@ -152,4 +152,4 @@ def gather(batch: Gathered, alloc: Any, threads: int, pad: PadSpec | None) -> An
     values = {key: list(v.unbind(0)) if as_list else v for (key, as_list), v in zip(plan.keys, views)}
     # default_collate: a list for tuple samples; a dict in the samples' key order, padding's
     # mask and lengths appended
-    return values if ds._mapping else list(values.values())
+    return values if layout.mapping else list(values.values())

@@ -1,0 +1,2 @@
+"""Benchmark workloads and tables: imported by the CLI (``fastcollate bench``) only, never by
+``import fastcollate``."""
