@@ -162,8 +162,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
     from . import _ext
-    from ._bench import train_run as e2e
+    from ._bench import doctor, train_run as e2e
 
+    workers = args.workers if args.workers is not None else min(2, len(os.sched_getaffinity(0)))
     print("fastcollate doctor")
     checks: list[tuple[str, str]] = [
         ("python", platform.python_version()),
@@ -174,26 +175,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("CUDA kernels built", str(_ext.cuda_kernels_built())),
         ("pinned memory", _pinned_available()),
         ("cores", str(len(os.sched_getaffinity(0)))),
-        ("/dev/shm free", _shm_free()),
+        ("/dev/shm", doctor.shm_line(workers)),
         ("FASTCOLLATE_DISABLE", os.environ.get("FASTCOLLATE_DISABLE", "unset")),
     ]
     width = max(len(k) for k, _ in checks)
     for k, v in checks:
         print(f"  {k:<{width}}  {v}")
-    ds = _load_dataset(args.dataset) if args.dataset else None
+    for path in (args.trace, args.plot):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise CliError(f"cannot write {path}: {os.path.dirname(os.path.abspath(path))} does not exist")
+    if args.dataset:
+        ds = _load_dataset(args.dataset)
+        print(doctor.compare(ds, args.batch_size, workers, args.batches, args.trace, args.plot, progress=_progress))
+        return 0
     _progress("diagnosis: a short training run with the stall monitor ...")
-    r = e2e.run(n=256 if ds is None else min(len(ds), 64 * args.batches), batch_size=64 if ds is None else args.batch_size,
-                dataset=ds, forward=None if ds is None else _null_forward)
+    r = e2e.run(n=256, batch_size=64, trace=True)
     print("  " + r["summary"].replace("\n", "\n  "))
     return 0
-
-
-def _null_forward(model: Any, batch: Any) -> Any:
-    import torch
-
-    # a user dataset's samples do not fit the probe model: measure the loader with a trivial step
-    p = next(model.parameters())
-    return (p * 0).sum() + torch.zeros((), requires_grad=True)
 
 
 def _pinned_available() -> str:
@@ -206,14 +204,6 @@ def _pinned_available() -> str:
         return "yes"
     except RuntimeError as exc:
         return f"no ({exc})"
-
-
-def _shm_free() -> str:
-    try:
-        st = os.statvfs("/dev/shm")
-        return f"{st.f_bavail * st.f_frsize / 2**30:.1f} GiB"
-    except OSError:
-        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,7 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="environment report and a diagnosis of a short run")
     d.add_argument("--dataset", help="module:attr of a Dataset to diagnose (default: embedded synthetic images)")
     d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--batches", type=int, default=8)
+    d.add_argument("--batches", type=int, default=16, help="batches per loader (a new loader each: first batch counts)")
+    d.add_argument("--workers", type=int, help="num_workers of both loaders (default: min(2, cores))")
+    d.add_argument("--trace", metavar="PATH.json", help="write fastcollate's run as a Chrome trace (Perfetto)")
+    d.add_argument("--plot", metavar="PATH.png", help="draw fastcollate's run: timeline and stages (needs matplotlib)")
     d.set_defaults(fn=cmd_doctor)
     return p
 

@@ -58,10 +58,27 @@ def test_doctor():
     assert "compiled backend" in r.stdout and "cpp" in r.stdout and "-bound" in r.stdout
 
 
-def test_doctor_with_a_dataset():
-    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--batches", "4")
+def test_doctor_with_a_dataset(tmp_path):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--batches", "4",
+            "--trace", str(trace), "--plot", str(png))
     assert r.returncode == 0, r.stderr
-    assert "-bound" in r.stdout
+    assert "torch DataLoader   fastcollate.DataLoader" in r.stdout and "bottleneck" in r.stdout
+    assert "what fastcollate changed:" in r.stdout and "/dev/shm" in r.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "fetch" for e in events) and png.stat().st_size > 10_000
+
+
+def test_doctor_names_the_dataset_stage_of_an_image_folder():
+    pytest.importorskip("PIL")
+    r = run("doctor", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "16", "--batches", "6")
+    assert r.returncode == 0, r.stderr
+    assert "dataset-bound" in r.stdout and "__getitem__" in r.stdout
+
+
+def test_doctor_refuses_an_unwritable_trace_path(tmp_path):
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--trace", str(tmp_path / "no" / "t.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_help_everywhere():

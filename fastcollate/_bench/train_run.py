@@ -44,17 +44,20 @@ def _forward(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
 
 def run(collate_fn: Callable = collate, *, n: int = 1024, batch_size: int = 64, num_workers: int = 0,
         work: int = 0, seed: int = 0, dataset: Dataset | None = None,
-        forward: Callable | None = None) -> dict[str, Any]:
+        forward: Callable | None = None, trace: bool = False) -> dict[str, Any]:
     """Train one epoch; return samples/s, loss and the StallMonitor report."""
     torch.manual_seed(seed)
     model = small_convnet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ds = dataset if dataset is not None else SyntheticImages(n, work=work)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn)
-    mon = StallMonitor()
+    mon = StallMonitor(trace=trace)
     t0 = time.perf_counter()
-    stats = train_one_epoch(model, loader, opt, amp_dtype=torch.bfloat16, monitor=mon,
-                            forward=forward or _forward)
+    try:
+        stats = train_one_epoch(model, loader, opt, amp_dtype=torch.bfloat16, monitor=mon,
+                                forward=forward or _forward)
+    finally:
+        mon.close()
     return {"collate": "fastcollate" if collate_fn is collate else getattr(collate_fn, "__name__", "custom"),
             "samples_per_s": stats.samples_per_s, "loss": stats.loss, "wall_s": time.perf_counter() - t0,
             "report": mon.report(), "summary": mon.summary()}

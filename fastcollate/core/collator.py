@@ -13,7 +13,7 @@ from typing import Any, Literal, Sequence
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from .. import _ext
+from .. import _ext, _trace
 
 from . import reference
 from .pad import PadSpec
@@ -200,6 +200,8 @@ class Collator:
         if disabled():
             _count("disabled_batches")
             return default_collate(batch)
+        if _trace.enabled():
+            _trace.note_collate("fastcollate")
         try:
             out = self._collate(batch, worker_alloc)
             return out if self.postprocess is None else self.postprocess(out)

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .. import _trace
 from ..core.collator import usable_cores
 from .pipeline import Producer, PipelineStats
 from .transport import CpuTransport, CudaTransport, Delivered, Transform
@@ -56,6 +57,8 @@ class _Iterator:
 
     def __next__(self) -> Any:
         d: Delivered = next(self._epoch)
+        if d.trace_id is not None:
+            _trace.set_last_id(d.trace_id)  # what the consumer's monitor attributes its wait and step to
         return self._owner._receive(d)
 
     def close(self) -> None:
@@ -140,11 +143,23 @@ class CudaPrefetcher:
     def __iter__(self) -> Iterator[Any]:
         self.close()  # re-iterating starts a new epoch; the old thread is joined first
         on_start = (lambda: torch.cuda.set_device(self.device)) if self.device.type == "cuda" else None
-        epoch = Producer(self.loader, self._transport, self.depth, self._stats, on_start=on_start,
+        stage = self._traced_transport if _trace.enabled() else self._transport
+        epoch = Producer(self.loader, stage, self.depth, self._stats, on_start=on_start,
                       join_timeout=self.join_timeout)
         it = _Iterator(self, epoch)
         self._current = weakref.ref(it)
         return it
+
+    def _traced_transport(self, batch: Any) -> Delivered:
+        # on the prefetch thread, right after the loader handed this thread the batch
+        batch_id = _trace.last_id()
+        t0 = _trace.now()
+        d = self._transport(batch)
+        if batch_id is not None:
+            rec = _trace.TRACER.record(*batch_id)
+            _trace.TRACER.span(rec, "transfer", t0, _trace.now())
+            d.trace_id = batch_id
+        return d
 
     def _receive(self, d: Delivered) -> Any:
         with self._lock:
@@ -159,7 +174,7 @@ class CudaPrefetcher:
             for t in d.owners:
                 t.record_stream(stream)
             with self._lock:
-                self._pending.append(d.timing)
+                self._pending.append((*d.timing, d.trace_id))
                 self._drain_timings()
                 if d.hold is not None:
                     self._holds.append(d.hold)
@@ -170,11 +185,14 @@ class CudaPrefetcher:
     def _drain_timings(self) -> None:
         # lagged: only copies whose end event has completed are read (query() never blocks)
         keep = []
-        for start, end in self._pending:
+        for start, end, batch_id in self._pending:
             if end.query():
-                self._h2d_ms += start.elapsed_time(end)
+                ms = start.elapsed_time(end)
+                self._h2d_ms += ms
+                if batch_id is not None:
+                    _trace.TRACER.record(*batch_id).h2d_ms = ms
             else:
-                keep.append((start, end))
+                keep.append((start, end, batch_id))
         self._pending = keep
 
     def close(self) -> None:

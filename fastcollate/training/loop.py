@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from .. import _trace
 from ..core.tree import iter_tensors, map_tensors
 
 logger = logging.getLogger("fastcollate")
@@ -76,24 +77,25 @@ def compute_loss(model: torch.nn.Module, batch: Any, forward: Callable | None, l
     raise TypeError(f"train_one_epoch: cannot turn a {type(batch).__name__} batch into a loss; pass forward=")
 
 
-def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool, float]]:
-    """(item, is_last, seconds waited) -- works for loaders without len()."""
+def _lookahead(it: Iterator) -> Iterator[tuple[Any, bool, float, Any]]:
+    """(item, is_last, seconds waited, its trace id) -- works for loaders without len()."""
     t0 = time.perf_counter()
     try:
         cur = next(it)
     except StopIteration:
         return
-    waited = time.perf_counter() - t0
+    waited, cur_id = time.perf_counter() - t0, _trace.last_id()
     while True:
         t0 = time.perf_counter()
         try:
             nxt = next(it)
         except StopIteration:
-            yield cur, True, waited
+            yield cur, True, waited, cur_id
             return
         fetched = time.perf_counter() - t0  # measured before the yield: the step's compute is not a wait
-        yield cur, False, waited
-        cur, waited = nxt, fetched
+        nxt_id = _trace.last_id()  # read now: the next batch has already been fetched
+        yield cur, False, waited, cur_id
+        cur, waited, cur_id = nxt, fetched, nxt_id
 
 
 def _grad_norm(params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
@@ -185,10 +187,10 @@ def train_one_epoch(
     if monitor is not None:
         monitor.start()
     try:
-        for batch, last, waited in _lookahead(iter(loader)):
+        for batch, last, waited, batch_id in _lookahead(iter(loader)):
             data_wait += waited
             if monitor is not None:
-                monitor.record_wait(waited)
+                monitor.record_wait(waited, batch_id=batch_id)
             t0 = time.perf_counter()
             if on_cuda:
                 ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -245,7 +247,7 @@ def train_one_epoch(
             dt = time.perf_counter() - t0
             host_compute += dt
             if monitor is not None:
-                monitor.record_compute(dt, ev if on_cuda else None)
+                monitor.record_compute(dt, ev if on_cuda else None, batch_id=batch_id)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("step %d: batch %d [%s] %.2f ms (wait %.2f ms) %s", steps, n, _shapes(batch), dt * 1e3,
                              waited * 1e3, "optimizer step" if boundary else "accumulate")

@@ -1,19 +1,34 @@
 """StallMonitor: where a training loop's time goes -- waiting for data, copying it, computing --
-and what to change. Host times from perf_counter; GPU compute from CUDA events read lagged
-(query(), never a sync); H2D times from an attached CudaPrefetcher."""
+and, with ``trace=True``, which stage of the data pipeline the loop waits for: the per-batch
+trace across worker processes (fastcollate._trace), metrics per stage and worker, a diagnosis
+that names the stage (training/diagnosis.py), and pictures (training/trace_export.py). Host
+times from perf_counter; GPU compute from CUDA events read lagged (query(), never a sync); H2D
+times from an attached CudaPrefetcher."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+import weakref
 from typing import Any, Iterable, Iterator
 
 import torch
 
-DATA_BOUND_FRACTION = 0.15  # waiting more than this share of the wall time is a data stall
-
+from .. import _trace
+from . import diagnosis, trace_export
+from .diagnosis import DATA_BOUND_FRACTION
 
 class StallMonitor:
-    """Measure a loop; ``report()`` says data-bound, copy-bound or compute-bound, with numbers.
+    """Measure a loop; ``report()`` says data-bound, copy-bound or compute-bound, with numbers,
+    and -- with ``trace=True`` -- names the stage: ``report()["bottleneck"]``.
+
+    Args:
+        prefetcher: a CudaPrefetcher to take H2D copy times from (or ``attach()`` it later).
+        trace: record every batch's stages (sampler, fetch, collate, queue, rebuild, transfer,
+            wait, compute) across DataLoader worker processes; off by default (then nothing of
+            torch's is wrapped and nothing is paid).
+        trace_capacity: how many recent batches the trace keeps (aggregates cover all batches).
+        log_every: with tracing, one INFO line on the ``fastcollate`` logger every N batches.
 
     >>> import time, fastcollate
     >>> mon = fastcollate.StallMonitor()
@@ -24,9 +39,20 @@ class StallMonitor:
     3
     """
 
-    def __init__(self, prefetcher: Any = None) -> None:
+    def __init__(self, prefetcher: Any = None, *, trace: bool = False, trace_capacity: int = 4096,
+                 log_every: int = 0) -> None:
         self.prefetcher = prefetcher
+        self.trace = trace
+        self.tracer = _trace.acquire(trace_capacity, log_every) if trace else None
+        # tracing stays on while a tracing monitor lives (or until close()): then torch's classes are unwrapped
+        self._release = weakref.finalize(self, _trace.release) if trace else None
+        self._loader: Any = None
         self.reset()
+
+    def close(self) -> None:
+        """Stop tracing (when no other tracing monitor is alive); what was recorded stays readable."""
+        if self._release is not None:
+            self._release()
 
     def reset(self) -> None:
         self.steps = 0
@@ -36,7 +62,10 @@ class StallMonitor:
         self._pending: list = []
         self._t0: float | None = None
         self._wall = 0.0
+        self._current: Any = None
         self._h2d0 = self._h2d_ms() if self.prefetcher is not None else 0.0
+        if self.tracer is not None:
+            self.tracer.reset()
 
     def attach(self, prefetcher: Any) -> "StallMonitor":
         """Take H2D copy times from a CudaPrefetcher."""
@@ -54,19 +83,28 @@ class StallMonitor:
             self._wall += time.perf_counter() - self._t0
             self._t0 = None
 
-    def record_wait(self, seconds: float) -> None:
+    def record_wait(self, seconds: float, batch_id: Any = None) -> None:
         self.wait_s += seconds
+        self._current = batch_id
+        if self.tracer is not None and batch_id is not None:
+            end = time.perf_counter()
+            self.tracer.span(self.tracer.record(*batch_id), "wait", end - seconds, end)
 
-    def record_compute(self, seconds: float, events: tuple | None = None) -> None:
+    def record_compute(self, seconds: float, events: tuple | None = None, batch_id: Any = None) -> None:
         self.steps += 1
         self.host_compute_s += seconds
+        batch_id = batch_id if batch_id is not None else self._current
+        if self.tracer is not None and batch_id is not None:
+            end = time.perf_counter()
+            self.tracer.span(self.tracer.record(*batch_id), "compute", end - seconds, end)
         if events is not None:
-            self._pending.append(events)
+            self._pending.append((*events, batch_id))
             if len(self._pending) > 8:
                 self._drain()
 
     def wrap(self, loader: Iterable) -> Iterator[Any]:
         """Iterate loader, timing each wait for the next batch."""
+        self._loader = weakref.ref(loader) if _weakrefable(loader) else None
         self.start()
         it = iter(loader)
         while True:
@@ -76,32 +114,39 @@ class StallMonitor:
             except StopIteration:
                 self.stop()
                 return
-            self.record_wait(time.perf_counter() - t0)
+            self.record_wait(time.perf_counter() - t0, _trace.last_id() if self.tracer is not None else None)
             yield batch
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
-        """Time one step's compute (CUDA events when CUDA is initialized)."""
+        """Time one step's compute (CUDA events when CUDA is initialized; an NVTX range when tracing)."""
         ev = None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
             ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             ev[0].record()
+        nvtx = cuda and self.tracer is not None and _nvtx_push(f"compute {self._current}")
         t0 = time.perf_counter()
         try:
             yield
         finally:
             if ev is not None:
                 ev[1].record()
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
             self.record_compute(time.perf_counter() - t0, ev)
 
     # -- reading it
     def _drain(self) -> None:
         keep = []
-        for a, b in self._pending:
+        for a, b, batch_id in self._pending:
             if b.query():
-                self.gpu_compute_s += a.elapsed_time(b) / 1e3
+                ms = a.elapsed_time(b)
+                self.gpu_compute_s += ms / 1e3
+                if self.tracer is not None and batch_id is not None:
+                    self.tracer.record(*batch_id).gpu_ms = ms
             else:
-                keep.append((a, b))
+                keep.append((a, b, batch_id))
         self._pending = keep
 
     def _h2d_ms(self) -> float:
@@ -138,9 +183,42 @@ class StallMonitor:
             "pending_events": len(self._pending),
             "advice": ADVICE[verdict],
         }
+        if self.tracer is not None:
+            found = diagnosis.diagnose(self.tracer, wall, self.wait_s, compute)
+            out.update(bottleneck=found["bottleneck"], stages=found["stages"], workers=found["workers"],
+                       queue=found["queue"], findings=found["advice"], errors=dict(self.tracer.errors),
+                       batches_traced=len(self.tracer.records))
+            if found["bottleneck"] is not None:
+                out["advice"] = found["advice"] + [a for a in out["advice"] if a not in found["advice"]][:1]
+        else:
+            out.update(bottleneck=_untraced_bottleneck(verdict), stages={}, workers=[], queue={}, findings=[],
+                       errors={})
+        out["ring"] = _ring_stats(self._loader)
         if distributed:
             out.update(_gather_ranks(self.wait_s, wall))
         return out
+
+    # -- pictures
+    def _traced(self) -> Any:
+        if self.tracer is None:
+            raise RuntimeError("fastcollate: this StallMonitor does not trace; make it with StallMonitor(trace=True)")
+        return self.tracer
+
+    def save_trace(self, path: str) -> str:
+        """Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): a track
+        per worker process, the main thread, the prefetch thread and the device stream."""
+        tracer = self._traced()
+        events = trace_export.chrome_events(list(tracer.records.values()), os.getpid(), tracer.t0)
+        return trace_export.save_chrome(path, events, self.report())
+
+    def plot(self, path: str, title: str = "fastcollate trace") -> str:
+        """A PNG: the timeline of the recent batches, and p50/p95 per stage (needs matplotlib)."""
+        tracer = self._traced()
+        return trace_export.plot(path, list(tracer.records.values()), self.report(), os.getpid(), tracer.t0, title)
+
+    def to_tensorboard(self, writer: Any, step: int) -> None:
+        """Scalars per stage, worker and queue on a ``torch.utils.tensorboard.SummaryWriter``."""
+        trace_export.tensorboard(writer, step, self.report())
 
     def summary(self, distributed: bool = False) -> str:
         """report() as text (with distributed=True a collective: call it on every rank)."""
@@ -152,6 +230,23 @@ class StallMonitor:
         lines = [f"{r['verdict']}: {r['steps']} steps in {r['wall_s']:.2f}s; waiting for data "
                  f"{100 * r['data_wait_fraction']:.0f}%, H2D {100 * r['h2d_fraction']:.0f}%, compute "
                  f"{r['compute_s']:.2f}s ({r['compute_source']}), device idle {100 * r['gpu_idle_fraction']:.0f}%"]
+        if r.get("bottleneck"):
+            lines.append(f"bottleneck: {r['bottleneck']}")
+        if r.get("stages"):
+            lines.append(format_stages(r["stages"]))
+        for w in r.get("workers", []):
+            lines.append(f"  worker {w['id']} (pid {w['pid']}): {w['batches']} batches, busy {w['busy_fraction']:.0%}, "
+                         f"{w['mean_batch_ms']:.2f} ms a batch")
+        q = r.get("queue") or {}
+        if q.get("steps"):
+            lines.append(f"  ready batches when the step asked: mean {q['mean_ready']:.1f}, min {q['min_ready']}, "
+                         f"max {q['max_ready']} ({q['ready_fraction']:.0%} of steps found one ready)")
+        if r.get("errors"):
+            lines.append("  errors: " + ", ".join(f"{k} {v}" for k, v in r["errors"].items()))
+        ring = r.get("ring") or {}
+        if ring.get("ring"):
+            lines.append(f"  ring: {ring.get('ring_hits', 0)} hits, {ring.get('ring_full', 0)} full, "
+                         f"{ring.get('ring_oversize', 0)} oversize")
         if "slowest_rank" in r:
             lines.append(f"slowest rank {r['slowest_rank']} waited {r['rank_wait_s'][r['slowest_rank']]:.2f}s; it costs "
                          f"every rank about {r['straggler_cost_s']:.2f}s")
@@ -178,6 +273,50 @@ ADVICE = {
 }
 
 
+def format_stages(stages: dict[str, dict[str, float]]) -> str:
+    head = "  stage        p50 ms     p95 ms     max ms    total s   batches"
+    rows = [head] + [f"  {name:<10} {st['p50_ms']:>8.2f} {st['p95_ms']:>10.2f} {st['max_ms']:>10.2f} "
+                     f"{st['total_s']:>10.3f} {st['count']:>9}" for name, st in stages.items()]
+    return "\n".join(rows)
+
+
+def _untraced_bottleneck(verdict: str) -> str | None:
+    # without the trace only the consumer's side is known: which data stage cannot be said
+    return {"compute-bound": "compute", "copy-bound": "transfer"}.get(verdict)
+
+
+def _weakrefable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _ring_stats(ref: Any) -> dict[str, Any]:
+    loader = ref() if ref is not None else None
+    loader = getattr(loader, "loader", loader)  # through a CudaPrefetcher
+    stats = getattr(loader, "stats", None)
+    if stats is None:
+        return {}
+    try:
+        out = stats()
+    except Exception:  # a loader's own stats() that needs arguments, or fails: not ours to report
+        return {}
+    if out.get("ring") and (out.get("ring_hits", 0) + out.get("ring_full", 0) + out.get("ring_oversize", 0)):
+        total = out.get("ring_hits", 0) + out.get("ring_full", 0) + out.get("ring_oversize", 0)
+        out["ring_fallback_rate"] = (out.get("ring_full", 0) + out.get("ring_oversize", 0)) / total
+    return out
+
+
+def _nvtx_push(name: str) -> bool:
+    try:
+        torch.cuda.nvtx.range_push(name)
+        return True
+    except Exception:  # a CPU build of torch has no NVTX
+        return False
+
+
 def _gather_ranks(wait_s: float, wall_s: float) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -190,5 +329,5 @@ def _gather_ranks(wait_s: float, wall_s: float) -> dict[str, Any]:
     dist.all_gather(every, mine)  # the one collective of the report
     waits = [float(t[0]) for t in every]
     slowest = max(range(len(waits)), key=waits.__getitem__)
-    return {"rank_wait_s": waits, "slowest_rank": slowest,
+    return {"rank_wait_s": waits, "slowest_rank": slowest, "rank": dist.get_rank(),
             "straggler_cost_s": waits[slowest] - min(waits)}

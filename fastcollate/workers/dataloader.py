@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import torch
 import torch.utils.data as tud
 
-from .. import _ext
+from .. import _ext, _trace
 from ..core.collator import Collator, collate as _collate_fn
 from .ring import Ring, RingCollator
 
@@ -55,6 +55,15 @@ class _RingLoader:
         if self._ring is not None:
             self._ring.reclaim_dead()  # slots of workers that died holding them (a killed epoch)
             self._ring.poll()
+        init = self.worker_init_fn  # type: ignore[attr-defined]
+        if _trace.enabled() and self.num_workers > 0 and not isinstance(init, _trace.WorkerInit):  # type: ignore[attr-defined]
+            # spawned workers import nothing of fastcollate unless something they unpickle does:
+            # for the time the workers start, an init that turns the worker-side trace on
+            self.worker_init_fn = _trace.WorkerInit(init)
+            try:
+                return super()._get_iterator()  # type: ignore[misc]
+            finally:
+                self.worker_init_fn = init
         return super()._get_iterator()  # type: ignore[misc]
 
     def stats(self) -> dict[str, Any]:

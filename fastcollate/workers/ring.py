@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .. import _ext
+from .. import _ext, _trace
 from ..core.tree import map_tensors
 from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
@@ -280,6 +280,7 @@ class _SlotAlloc:
         self.ring = ring
         self.slot = -1
         self.nbytes = 0
+        self.missed = "shared"  # why the batch is not in a slot, when it is not
 
     def __call__(self, nbytes: int) -> torch.Tensor:
         if nbytes <= self.ring.slot_bytes:
@@ -292,8 +293,11 @@ class _SlotAlloc:
                 self.slot, self.nbytes = slot, nbytes
                 return view
             self.ring.count("full")
+            self.missed = "full"
         else:
             self.ring.count("oversize")
+            self.missed = "oversize"
+        self.nbytes = nbytes
         return alloc_shared(nbytes)
 
 
@@ -333,6 +337,8 @@ class RingCollator:
             if alloc.slot >= 0:
                 ring.free(alloc.slot, _Pid.value)
             raise
+        if _trace.enabled():
+            _trace.note_collate("ring" if alloc.slot >= 0 else alloc.missed, alloc.nbytes)
         if alloc.slot < 0:  # fallback: an ordinary shared-memory batch
             return _Polled(ring.id, out) if ring.fenced else out
         ring_storage = ring.mem.untyped_storage().data_ptr()
