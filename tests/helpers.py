@@ -11,8 +11,9 @@ from fastcollate.core.tree import iter_tensors
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
-    return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    # a fresh 1-D copy: a contiguous tensor may still carry an odd stride on a size-1 dimension
+    t = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().resolve_conj().resolve_neg().reshape(-1))
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def _canonical_nans(t: torch.Tensor) -> torch.Tensor:

@@ -174,3 +174,15 @@ def test_in_a_worker_a_conj_or_neg_view_first_is_torchs_error(view):
     assert _worker_error(DataLoader, [t]) is RuntimeError
     assert _worker_error(fastcollate.DataLoader, [t]) is RuntimeError
     assert_same(fastcollate.collate([t, t]), default_collate([t, t]))  # the main process stacks them
+
+
+def test_padding_never_reads_past_max_length():
+    # a list's values past max_length are not converted (the engine never reads them), so an int
+    # there that would overflow int64 is no error; the column's dtype is still the whole lists'
+    batch = [{"ids": [1, 2, 3, 2**64]}, {"ids": [4, 5]}]
+    for backend in ("cpp", "python"):
+        out = fastcollate.Collator(pad={"ids": 0}, max_length=2, backend=backend)(batch)
+        assert out["ids"].tolist() == [[1, 2], [4, 5]] and out["ids"].dtype == torch.int64
+    mixed = [{"ids": [1, 2, 0.5]}, {"ids": [4, 5]}]
+    for backend in ("cpp", "python"):
+        assert fastcollate.Collator(pad={"ids": 0}, max_length=2, backend=backend)(mixed)["ids"].dtype == torch.float32

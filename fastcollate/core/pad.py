@@ -164,7 +164,9 @@ class PadSpec:
                 if bad is not None:
                     raise TypeError(f"{where}: sample {i} holds {type_name(bad)}; a padded list must be a flat "
                                     "list of numbers")
-                t = torch.tensor(list(s), dtype=list_dtype)
+                # the column's dtype is inferred over whole lists; only what truncation keeps is
+                # converted (a value past max_length is never read, as in the engine)
+                t = torch.tensor(list(s if self.max_length is None else s[: self.max_length]), dtype=list_dtype)
             else:
                 raise TypeError(f"{where}: sample {i} is {type_name(s)}; a padded leaf must be a tensor, a "
                                 "numpy array or a list of numbers")
