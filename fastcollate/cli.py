@@ -50,7 +50,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import _ext
     from ._bench import collate_bench as bench, train_run as e2e, workloads
 
-    names = args.workloads.split(",") if args.workloads else list(workloads.WORKLOADS)
+    if args.peers:
+        args.peer_workloads = bool(args.workloads)
+        bad = [n for n in (args.workloads or "").split(",") if n and n not in ("images", "tokens", "padded", "tabular")]
+        if bad:
+            raise CliError(f"unknown peers workload(s) {', '.join(bad)}; choose from images, tokens, padded, tabular")
+        args.workloads_checked = True
+    names = args.workloads.split(",") if args.workloads and not args.peers else list(workloads.WORKLOADS)
     unknown = [n for n in names if n not in workloads.WORKLOADS]
     if unknown:
         raise CliError(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(workloads.WORKLOADS)}")
@@ -64,6 +70,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{torch.get_num_threads()} intra-op threads, {rounds} rounds")
     if args.sweep:
         return _sweep(args, rounds)
+    if args.peers:
+        return _peers(args)
     rows = bench.run(names, rounds=rounds, min_time=min_time, progress=_progress)
     print("collate (ratios measured side by side in this run):")
     print(bench.format_table(rows))
@@ -103,6 +111,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(rows, args.plot)
         _progress(f"wrote {args.plot}")
+    return 0
+
+
+def _peers(args: argparse.Namespace) -> int:
+    from ._bench import peers
+
+    workers = args.workers if args.workers is not None else 2
+    result = peers.run_peers(workers=workers, rounds=1 if args.quick else min(args.rounds, 5), quick=args.quick,
+                             progress=_progress, only=args.workloads.split(",") if args.peer_workloads else None)
+    print(peers.format_peers(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peers": result}, f, indent=2, default=str)
+        _progress(f"wrote {args.json}")
     return 0
 
 
@@ -219,7 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (the sweep: log-log; needs matplotlib)")
     b.add_argument("--sweep", action="store_true",
                    help="only the scaling sweep: batch size 1-4096 x leaves per sample 1-64, ns/leaf and GB/s")
-    b.set_defaults(fn=cmd_bench)
+    b.add_argument("--peers", action="store_true",
+                   help="only the peers table: torch, SPDL, torchdata.nodes, Ray Data, get_batch, HF collators "
+                        "(those installed) on image-folder, token, padded and tabular workloads")
+    b.add_argument("--workers", type=int, help="--peers: workers (or threads) of every loader (default 2)")
+    b.set_defaults(fn=cmd_bench, peer_workloads=False)
     t = sub.add_parser("tune", help="pick DataLoader settings for a dataset by measurement")
     t.add_argument("--dataset", required=True, help="module:attr of a map-style Dataset (or a factory)")
     t.add_argument("--batch-size", type=int, required=True)

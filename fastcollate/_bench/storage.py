@@ -149,7 +149,7 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
                                   "label": datasets.Value("int64")})
     hf = datasets.Dataset.from_dict(token_lists(rows), features=features)
     ours_ds = ArrayDataset.from_hf(hf)
-    tok = _tokenizer()
+    tok = word_tokenizer()
     if tok is not None:
         import transformers
 
@@ -180,7 +180,7 @@ def usual_padding(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             "attention_mask": (torch.arange(padded.shape[1])[None, :] < lens[:, None]).long()}
 
 
-def _tokenizer() -> Any:
+def word_tokenizer() -> Any:
     """A word-level tokenizer built in memory (nothing is downloaded), or None."""
     try:
         import tokenizers
