@@ -13,10 +13,10 @@ from . import transforms
 from .core import reference
 from .data.arrays import ArrayDataset, Gathered, Ragged, TokenWindows
 from .core.collator import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
-from .workers.dataloader import DataLoader
+from .loader.dataloader import DataLoader
 from .training.monitor import StallMonitor
 from .device.prefetcher import CudaPrefetcher
-from .workers.ring import RingCollator
+from .loader.ring import RingCollator
 from .data.sampler import LengthGroupedSampler, padding_fraction
 from .training.loop import EpochStats, train_one_epoch
 from .training.tune import TuneResult, tune_loader
@@ -34,7 +34,7 @@ def __getattr__(name: str):
     # fastcollate.StatefulDataLoader: torchdata is optional, imported when first asked for (so it
     # is not in __all__: a star import must not need torchdata)
     if name == "StatefulDataLoader":
-        from .workers.dataloader import stateful_loader_class
+        from .loader.dataloader import stateful_loader_class
 
         return stateful_loader_class()
     moved = _compat.moved_module(name)  # an old module path (fastcollate.pad, .ring...): deprecated

@@ -2,7 +2,8 @@
 package), kept working for a release: each old path is a small alias module that forwards
 attribute access to where the name lives now, with a DeprecationWarning naming the new path.
 Pickles made before the move (ArrayDataset, Collator, PadSpec...) name these paths and load
-through them. The aliases are registered in sys.modules when fastcollate is imported, so that
+through them. (``fastcollate.loader`` is the loader stage's package now and still exports what
+the old module did: DataLoader, StatefulDataLoader.) The aliases are registered in sys.modules when fastcollate is imported, so that
 importing one never rebinds a package attribute (``fastcollate.collate`` stays the function).
 """
 from __future__ import annotations
@@ -27,9 +28,8 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     "gather": ("data.gather", {"_Plan": "GatherPlan"}),
     "hf": ("data.hf", {}),
     "sampler": ("data.sampler", {}),
-    "loader": ("workers.dataloader", {}),
-    "ring": ("workers.ring", {}),
-    "pinning": ("workers.pinning", {}),
+    "ring": ("loader.ring", {}),
+    "pinning": ("loader.pinning", {}),
     "pipeline": ("device.pipeline", {"Epoch": "Producer"}),
     "transport": ("device.transport", {"Held": "HostHold"}),
     "prefetch": ("device.prefetcher", {}),

@@ -52,6 +52,8 @@ def test_old_paths_never_rebind_the_package_attributes():
         from fastcollate.reference import collate  # noqa: F401
         from fastcollate.transforms import Normalize  # noqa: F401
         from fastcollate import ArrayDataset, Collator, DataLoader, StallMonitor  # noqa: F401
+        from fastcollate.loader import DataLoader as OldPath  # the old module is the loader stage's package now
+        assert OldPath is fastcollate.DataLoader
     # the shared torch suite's swap reads the kill switch's original through the old path
     with pytest.warns(DeprecationWarning):
         assert sys.modules["fastcollate.collate"].default_collate is torch.utils.data._utils.collate.default_collate
@@ -86,15 +88,15 @@ def test_import_loads_no_benchmark_code():
     assert not [m for m in loaded if "_bench" in m or m.startswith(("fastcollate.bench", "fastcollate.workloads"))]
 
 
-# which layer may import which (the README's layout): core <- data, workers, device, training;
+# which layer may import which (the README's layout): core <- data, loader, device, training;
 # nothing below imports _bench; the CLI is the only door to it
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
-    "workers": {"core", "workers"},
+    "loader": {"core", "loader"},
     "device": {"core", "device"},
     "training": {"core", "device", "training"},
-    "_bench": {"core", "data", "workers", "device", "training", "_bench"},
+    "_bench": {"core", "data", "loader", "device", "training", "_bench"},
 }
 
 

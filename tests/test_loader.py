@@ -7,7 +7,7 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from fastcollate.workers.ring import RingHandle
+from fastcollate.loader.ring import RingHandle
 from helpers import assert_same
 from sample_data import Mixed
 

@@ -313,7 +313,7 @@ def test_a_new_loader_per_epoch_leaves_no_descriptor_or_segment_behind():
 
 
 def test_the_cached_pid_follows_forks():
-    from fastcollate.workers.ring import _Pid
+    from fastcollate.loader.ring import _Pid
 
     assert _Pid.value == os.getpid()
     r, w = os.pipe()

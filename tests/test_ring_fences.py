@@ -9,7 +9,7 @@ import torch.utils.data as tud
 
 import fastcollate
 from fastcollate.device.pipeline import Producer, PipelineStats
-from fastcollate.workers.ring import Ring, RingCollator
+from fastcollate.loader.ring import Ring, RingCollator
 from fastcollate.device.transport import Delivered, HostHold
 from helpers import assert_same
 

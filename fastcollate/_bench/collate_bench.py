@@ -104,7 +104,7 @@ def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[st
     """torch's DataLoader (workers, and none) vs fastcollate.DataLoader's worker ring."""
     from torch.utils.data import DataLoader as TorchLoader
 
-    from ..workers.dataloader import DataLoader as FastLoader
+    from ..loader.dataloader import DataLoader as FastLoader
 
     label, make = workloads.LOADER_WORKLOADS[name]
     ds, bs = make()
@@ -149,7 +149,7 @@ def measure_startup(rounds: int = 3, num_workers: int = 2, batches: int = 12, ba
     interleaved rounds, medians: what a user meets first, not the steady state."""
     from torch.utils.data import DataLoader as TorchLoader
 
-    from ..workers.dataloader import DataLoader as FastLoader
+    from ..loader.dataloader import DataLoader as FastLoader
 
     g = torch.Generator().manual_seed(9)
     ds = workloads.CachedSamples([{"image": torch.randint(0, 256, (3, 256, 256), dtype=torch.uint8, generator=g),

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from ..training.monitor import StallMonitor, format_stages
-from ..workers.dataloader import DataLoader as FastLoader
+from ..loader.dataloader import DataLoader as FastLoader
 
 _COLUMNS = ("sampler", "fetch", "collate", "queue", "rebuild", "transfer", "wait", "compute")
 

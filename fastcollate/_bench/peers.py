@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader as TorchLoader, SequentialSampler, defau
 from .._text import table_rule
 from ..core.collator import Collator, collate as fast_collate
 from ..data.arrays import TokenWindows
-from ..workers.dataloader import DataLoader
+from ..loader.dataloader import DataLoader
 from . import images
 from .storage import GetBatch, NaiveWindows, token_lists, usual_padding, word_tokenizer
 from .workloads import CachedSamples, small_fields

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader as TorchLoader, Dataset, IterableDataset
 from ..data.arrays import ArrayDataset, TokenWindows
 from .._text import table_rule
 from ..core.collator import Collator
-from ..workers.dataloader import DataLoader
+from ..loader.dataloader import DataLoader
 
 
 class NaiveWindows(Dataset):

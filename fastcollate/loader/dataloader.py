@@ -1,6 +1,6 @@
 """fastcollate.DataLoader: torch's DataLoader (same arguments, same iteration), collate_fn
 defaulting to fastcollate's, and -- with num_workers > 0 on Linux -- workers that collate
-straight into a recycled ring of shared slots (see fastcollate.workers.ring)."""
+straight into a recycled ring of shared slots (see fastcollate.loader.ring)."""
 from __future__ import annotations
 
 import inspect
