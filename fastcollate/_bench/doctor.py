@@ -119,7 +119,7 @@ def shm_line(workers: int) -> str:
     except OSError:
         return "/dev/shm: none (torch's DataLoader workers cannot send batches; fastcollate.DataLoader's ring can)"
     total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-    need = ("torch's DataLoader puts every worker batch there; fastcollate.DataLoader's ring does not"
+    need = ("torch's DataLoader puts every worker batch there; fastcollate's worker batches never do (memfds)"
             if workers > 0 else "no workers: neither loader needs it")
     small = "  (small: a container default; pass --shm-size or use fastcollate.DataLoader)" if total < 1 << 30 else ""
     return f"{free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB; {need}{small}"

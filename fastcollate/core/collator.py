@@ -17,6 +17,7 @@ from .. import _ext, _trace
 
 from . import reference
 from .pad import PadSpec
+from .shm import shared_segment
 
 logger = logging.getLogger("fastcollate")
 
@@ -46,8 +47,8 @@ def usable_cores() -> int:
 
 
 def alloc_shared(nbytes: int) -> torch.Tensor:
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
+    """A worker batch's arena: shared memory that reaches the main process without /dev/shm."""
+    return shared_segment(nbytes, "fastcollate-batch")
 
 
 def _alloc_pinned(nbytes: int) -> torch.Tensor:
