@@ -80,7 +80,7 @@ def main() -> None:
         seen.append(batch["idx"])
         return torch.nn.functional.mse_loss(m(batch["x"]).squeeze(1), batch["y"])
 
-    monitor = fastcollate.StallMonitor(prefetcher)
+    monitor = fastcollate.StallMonitor(prefetcher, trace=True)  # each rank traces its own pipeline
     losses = []
     for epoch in range(args.epochs):
         prefetcher.set_epoch(epoch)  # reaches the DistributedSampler: a new shuffle each epoch
@@ -98,6 +98,7 @@ def main() -> None:
                        "seen": [int(i) for t in seen for i in t.tolist()],
                        "checksums": [float(c) for c in opt.checksums],
                        "slowest_rank": report.get("slowest_rank"), "rank_wait_s": report.get("rank_wait_s"),
+                       "bottleneck": report["bottleneck"],
                        "epochs": args.epochs, "samples": args.samples}, f)
     prefetcher.close()
     dist.barrier()  # no rank tears the group down while another is still using it

@@ -46,5 +46,6 @@ def test_two_ranks_gloo(tmp_path):
     assert a["checksums"] == b["checksums"], "models diverged across ranks"
     assert a["losses"] == b["losses"], "the loss is averaged across ranks"
     assert a["slowest_rank"] == b["slowest_rank"] == 1, a["rank_wait_s"]
+    assert b["bottleneck"] == "dataset", b  # the slowed rank's own trace names its stage
     assert "slowest rank 1" in r.stdout
     assert not _ours(token), "processes left behind"
