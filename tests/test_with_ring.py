@@ -55,6 +55,27 @@ def test_with_ring_without_workers_and_with_a_custom_collate():
     assert_same(list(custom), list(WrappingLoader(data(), batch_size=8)))
 
 
+class PassThroughLoader(tud.DataLoader):
+    """MosaicML streaming's StreamingDataLoader has this shape: (*args, **kwargs), passed on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.made = True
+
+
+def test_with_ring_reads_a_pass_through_signature_as_torchs():
+    Loader = fastcollate.with_ring(PassThroughLoader)
+    loader = Loader(data(), batch_size=8, num_workers=2)
+    assert loader.made and isinstance(loader.collate_fn, fastcollate.RingCollator)
+    n = 0
+    for got, want in zip(loader, PassThroughLoader(data(), batch_size=8), strict=True):
+        assert_same(got, want)
+        n += 1
+    assert loader.stats()["ring_hits"] == n == 5
+    with pytest.raises(TypeError, match="by keyword"):
+        fastcollate.with_ring(WrappingLoader)(data(), 8)
+
+
 def test_with_ring_refuses_what_is_not_a_dataloader_class():
     class Wrapper:  # holds a DataLoader, is none (as webdataset's WebLoader)
         pass

@@ -35,7 +35,12 @@ class _RingLoader:
         bound = self._base_signature.bind(self, dataset, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")
-        arguments.update(arguments.pop("kwargs", {}))
+        for p in self._base_signature.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                arguments.update(arguments.pop(p.name, {}))
+            elif p.kind is p.VAR_POSITIONAL and arguments.pop(p.name, ()):
+                raise TypeError(f"{type(self).__name__} with the ring: pass the arguments after the dataset by "
+                                "keyword (batch_size=..., num_workers=...)")
         collate_fn = arguments.get("collate_fn")
         if isinstance(collate_fn, RingCollator):  # re-created from a loader's attributes (Lightning)
             collate_fn = collate_fn.inner
@@ -136,7 +141,9 @@ def with_ring(loader_class: type) -> type:
     ring, as :class:`fastcollate.DataLoader` is for torch's own: the same arguments plus ``ring``,
     ``ring_slot_bytes``, ``ring_max_bytes``, and ``stats()``. The loader class must pass the
     ``collate_fn`` it is given on to torch's DataLoader (wrapping it is fine: LitData's
-    StreamingDataLoader does). One class per base, made once.
+    StreamingDataLoader does); its own arguments are kept, and one that takes only
+    ``*args, **kwargs`` (MosaicML streaming's) is read with torch's. Arguments after the dataset
+    go by keyword. One class per base, made once.
 
     >>> import fastcollate, torch.utils.data as tud
     >>> class MyLoader(tud.DataLoader): pass
@@ -154,8 +161,12 @@ def with_ring(loader_class: type) -> type:
         return DataLoader
     made = _WITH_RING.get(loader_class)
     if made is None:
+        signature = inspect.signature(loader_class.__init__)
+        if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in list(signature.parameters.values())[1:]):
+            signature = _SIGNATURE  # (self, *args, **kwargs): torch's arguments, passed through
+
         class Ring(_RingLoader, loader_class):  # type: ignore[valid-type,misc]
-            _base_signature = inspect.signature(loader_class.__init__)
+            _base_signature = signature
 
             def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
                          ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
