@@ -13,7 +13,7 @@ from . import transforms
 from .core import reference
 from .data.arrays import ArrayDataset, Gathered, Ragged, TokenWindows
 from .core.collator import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
-from .loader.dataloader import DataLoader
+from .loader.dataloader import DataLoader, with_ring
 from .training.monitor import StallMonitor
 from .device.prefetcher import CudaPrefetcher
 from .loader.ring import RingCollator
@@ -66,4 +66,5 @@ __all__ = [
     "transforms",
     "trim_pool",
     "tune_loader",
+    "with_ring",
 ]

@@ -4,10 +4,10 @@ is reused. ``from fastcollate.loader import DataLoader, StatefulDataLoader`` wor
 when this was one module."""
 from typing import Any
 
-from .dataloader import DataLoader, stateful_loader_class
+from .dataloader import DataLoader, stateful_loader_class, with_ring
 from .ring import RingCollator
 
-__all__ = ["DataLoader", "RingCollator", "stateful_loader_class"]
+__all__ = ["DataLoader", "RingCollator", "stateful_loader_class", "with_ring"]
 
 
 def __getattr__(name: str) -> Any:

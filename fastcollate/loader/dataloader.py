@@ -35,7 +35,12 @@ class _RingLoader:
         bound = self._base_signature.bind(self, dataset, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")
-        arguments.update(arguments.pop("kwargs", {}))
+        for p in self._base_signature.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                arguments.update(arguments.pop(p.name, {}))
+            elif p.kind is p.VAR_POSITIONAL and arguments.pop(p.name, ()):
+                raise TypeError(f"{type(self).__name__} with the ring: pass the arguments after the dataset by "
+                                "keyword (batch_size=..., num_workers=...)")
         collate_fn = arguments.get("collate_fn")
         if isinstance(collate_fn, RingCollator):  # re-created from a loader's attributes (Lightning)
             collate_fn = collate_fn.inner
@@ -131,6 +136,53 @@ _STATEFUL_HINT = ("fastcollate.DataLoader keeps no iteration state, as torch's D
                   "`pip install torchdata`)")
 
 
+def with_ring(loader_class: type) -> type:
+    """``loader_class`` -- a subclass of torch's DataLoader -- with fastcollate's collate and worker
+    ring, as :class:`fastcollate.DataLoader` is for torch's own: the same arguments plus ``ring``,
+    ``ring_slot_bytes``, ``ring_max_bytes``, and ``stats()``. The loader class must pass the
+    ``collate_fn`` it is given on to torch's DataLoader (wrapping it is fine: LitData's
+    StreamingDataLoader does); its own arguments are kept, and one that takes only
+    ``*args, **kwargs`` (MosaicML streaming's) is read with torch's. Arguments after the dataset
+    go by keyword. One class per base, made once.
+
+    >>> import fastcollate, torch.utils.data as tud
+    >>> class MyLoader(tud.DataLoader): pass
+    >>> Loader = fastcollate.with_ring(MyLoader)
+    >>> Loader is fastcollate.with_ring(MyLoader), issubclass(Loader, MyLoader)
+    (True, True)
+    """
+    if not (isinstance(loader_class, type) and issubclass(loader_class, tud.DataLoader)):
+        raise TypeError(f"fastcollate.with_ring: expected a subclass of torch.utils.data.DataLoader, got "
+                        f"{loader_class!r} (a loader that only wraps one cannot carry the ring: give it a "
+                        "fastcollate.DataLoader instead)")
+    if issubclass(loader_class, _RingLoader):
+        return loader_class
+    if loader_class is tud.DataLoader:
+        return DataLoader
+    made = _WITH_RING.get(loader_class)
+    if made is None:
+        signature = inspect.signature(loader_class.__init__)
+        if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in list(signature.parameters.values())[1:]):
+            signature = _SIGNATURE  # (self, *args, **kwargs): torch's arguments, passed through
+
+        class Ring(_RingLoader, loader_class):  # type: ignore[valid-type,misc]
+            _base_signature = signature
+
+            def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
+                         ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
+                super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
+
+        Ring.__name__ = loader_class.__name__
+        Ring.__qualname__ = f"with_ring({loader_class.__qualname__})"
+        Ring.__module__ = __name__
+        Ring.__doc__ = loader_class.__doc__
+        made = _WITH_RING[loader_class] = Ring
+    return made
+
+
+_WITH_RING: dict[type, type] = {}
+
+
 def stateful_loader_class() -> type:
     """fastcollate.StatefulDataLoader: torchdata's StatefulDataLoader with fastcollate's collate
     and ring; state_dict()/load_state_dict() resume mid-epoch exactly, workers included."""
@@ -141,15 +193,8 @@ def stateful_loader_class() -> type:
         except ImportError as exc:
             raise ImportError("fastcollate.StatefulDataLoader needs torchdata: pip install torchdata") from exc
 
-        class StatefulDataLoader(_RingLoader, _Base):  # type: ignore[valid-type,misc]
-            __doc__ = stateful_loader_class.__doc__
-            _base_signature = inspect.signature(_Base.__init__)
-
-            def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
-                         ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
-                super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
-
-        StatefulDataLoader.__module__ = __name__
+        StatefulDataLoader = with_ring(_Base)
+        StatefulDataLoader.__doc__ = stateful_loader_class.__doc__
         StatefulDataLoader.__qualname__ = "StatefulDataLoader"  # found again by name (pickle, repr)
         _STATEFUL = StatefulDataLoader
     return _STATEFUL
