@@ -115,7 +115,7 @@ CUDA_INCLUDE = next((d for d in (os.path.join(os.environ.get("CUDA_HOME", "/usr/
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")), reason="CUDA headers not found")
-@pytest.mark.parametrize("source", ["csrc/cuda/normalize_op.cpp", "csrc/cuda/host_register.cpp", "csrc/bindings.cpp"])
+@pytest.mark.parametrize("source", ["csrc/cuda/normalize_op.cpp", "csrc/cuda/host_register.cpp", "csrc/bindings/module.cpp"])
 def test_cuda_side_cpp_compiles(source, tmp_path):
     """The torch-facing CUDA wrapper, and the bindings as a CUDA build sees them, type-checked by
     g++ against torch's headers. A CPU wheel lacks one CMake-generated header of c10/cuda; a

@@ -8,7 +8,8 @@
 
 #include <vector>
 
-#include "normalize.cuh"
+#include "bindings/register.h"
+#include "cuda/normalize.cuh"
 
 namespace fastcollate {
 

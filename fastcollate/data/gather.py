@@ -1,14 +1,14 @@
 """The gather of an ArrayDataset batch. Datasets whose columns all have rows of one length at
 affine addresses (TokenWindows, arrays, memmaps, tensors) get a compiled template, built once
-(``_C.FixedGather``, csrc/gather_fixed.cpp): a batch is one call. Every other batch (padding,
-ragged and Arrow columns) is planned here (row addresses, lengths, output shapes, arena
-offsets) over numpy index arithmetic and its bytes moved and converted by ``fastcollate._C.gather``
-(csrc/gather.cpp). Both run the same row jobs without the GIL. The exactness rule is the
-library's: a gathered batch equals ``default_collate([ds[i] for i in indices])`` (or the padding
-reference of the same samples) element for element, dtype and shape; whenever the gather cannot
-promise that (rows of unequal length with no padding, a dtype or layout it does not read, pad
-values that do not fit, ...) it returns None and the batch is materialized and goes the
-ordinary way, errors included.
+(``_C.FixedGather``, csrc/python/gather_fixed.cpp): a batch is one call. Every other batch
+(padding, ragged and Arrow columns) is planned here (row addresses, lengths, output shapes,
+arena offsets) over numpy index arithmetic and its bytes moved and converted by
+``fastcollate._C.gather`` (csrc/python/gather.cpp). Both run the same row jobs without the GIL
+(csrc/engine/gather_rows.cpp). The exactness rule is the library's: a gathered batch equals
+``default_collate([ds[i] for i in indices])`` (or the padding reference of the same samples)
+element for element, dtype and shape; whenever the gather cannot promise that (rows of unequal
+length with no padding, a dtype or layout it does not read, pad values that do not fit, ...) it
+returns None and the batch is materialized and goes the ordinary way, errors included.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ _ROWS, _MASK, _LENGTHS = 0, 1, 2
 
 
 class GatherPlan:
-    """The jobs of one gather (see csrc/gather.cpp) and where their outputs go in the arena."""
+    """The jobs of one gather (see csrc/python/gather.cpp) and where their outputs go in the arena."""
 
     def __init__(self, rows: int) -> None:
         self.B = rows

@@ -8,8 +8,9 @@ gets real batches and keeps the ring.
 The segment is a sparse memfd: nothing is allocated or faulted when it is made, a page is
 allocated by the worker that first writes it, and a slot costs its page faults once, on its
 first batch; every later batch in it costs none. Slot states live in a shared control block of
-int64 atomics (csrc/ring.cpp): free, filled by a worker (its pid), or held by the main process
-(its views; for a page-locked ring also the copies still reading it, see fastcollate.workers.pinning).
+int64 atomics (csrc/engine/ring_state.cpp): free, filled by a worker (its pid), or held by the
+main process (its views; for a page-locked ring also the copies still reading it, see
+fastcollate.workers.pinning).
 A worker never waits for a slot: with none free, or a batch larger than a slot, it collates
 into an ordinary shared arena (counted). Slots of dead workers are reclaimed by the next worker
 that finds the ring full and at each new epoch.

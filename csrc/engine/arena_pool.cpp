@@ -1,4 +1,4 @@
-#include "arena_pool.h"
+#include "engine/arena_pool.h"
 
 #include <pthread.h>
 #include <unistd.h>

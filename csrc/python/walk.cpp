@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "leaves.h"
-#include "pad.h"
-#include "plan.h"
+#include "python/leaves.h"
+#include "python/pad.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {

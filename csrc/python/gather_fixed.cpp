@@ -9,9 +9,10 @@
 #include <cstring>
 #include <vector>
 
-#include "arena_pool.h"
-#include "gather.h"
-#include "plan.h"
+#include "bindings/register.h"
+#include "engine/arena_pool.h"
+#include "engine/gather_rows.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {
