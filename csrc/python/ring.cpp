@@ -101,7 +101,18 @@ void register_ring_ops(pybind11::module_& m) {
   m.def("ring_lease", &ring_lease, pybind11::arg("ring"), pybind11::arg("ctrl"), pybind11::arg("slot"),
         pybind11::arg("from_"), pybind11::arg("slot_bytes"), pybind11::arg("nbytes"),
         pybind11::arg("on_release") = pybind11::none());
-  m.attr("ring_header") = static_cast<int64_t>(kRingHeader);
+  // the control block's words by name, for the Python side (fastcollate/workers/ring.py)
+  py::dict words;
+  words["hits"] = static_cast<int64_t>(kRingHits);
+  words["full"] = static_cast<int64_t>(kRingFull);
+  words["oversize"] = static_cast<int64_t>(kRingOversize);
+  words["bytes"] = static_cast<int64_t>(kRingBytes);
+  words["counters"] = static_cast<int64_t>(kRingCounters);
+  words["slots"] = static_cast<int64_t>(kRingSlots);
+  words["claim_hint"] = static_cast<int64_t>(kRingClaimHint);
+  words["header"] = static_cast<int64_t>(kRingHeader);
+  m.attr("ring_words") = words;
+  m.attr("ring_held_by_main") = kRingHeldByMain;
 }
 
 }  // namespace fastcollate
