@@ -98,25 +98,26 @@ void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_th
   }, threads);
 }
 
-void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base) {
-  for (const FillPiece& f : fills) {
-    uint8_t* dst = base + f.dst_offset;
-    bool uniform = true;  // all pattern bytes equal (0, -1, 1 as bool...): one memset
-    for (int i = 1; i < f.pattern_size; ++i) uniform = uniform && f.pattern[i] == f.pattern[0];
-    if (uniform) {
-      std::memset(dst, f.pattern[0], f.nbytes);
-      continue;
-    }
-    // one element, then the filled prefix copied onto the rest, doubling: log2(n) memcpys
-    if (f.nbytes == 0) continue;
-    std::memcpy(dst, f.pattern, f.pattern_size);
-    size_t done = f.pattern_size;
-    while (done < f.nbytes) {
-      const size_t n = std::min(done, f.nbytes - done);
-      std::memcpy(dst + done, dst, n);
-      done += n;
-    }
+void fill_elements(uint8_t* dst, const uint8_t* elem, size_t item, size_t nbytes) {
+  if (nbytes == 0) return;
+  bool uniform = true;  // all element bytes equal (0, -1, 1 as bool...): one memset
+  for (size_t i = 1; i < item; ++i) uniform = uniform && elem[i] == elem[0];
+  if (uniform) {
+    std::memset(dst, elem[0], nbytes);
+    return;
   }
+  // one element, then the filled prefix copied onto the rest, doubling: log2(n) memcpys
+  std::memcpy(dst, elem, item);
+  size_t done = item;
+  while (done < nbytes) {
+    const size_t n = std::min(done, nbytes - done);
+    std::memcpy(dst + done, dst, n);
+    done += n;
+  }
+}
+
+void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base) {
+  for (const FillPiece& f : fills) fill_elements(base + f.dst_offset, f.pattern, f.pattern_size, f.nbytes);
 }
 
 }  // namespace fastcollate

@@ -25,6 +25,10 @@ struct FillPiece {
 
 void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base);
 
+// nbytes at dst filled with copies of the item-byte element elem (item divides nbytes): the one
+// element-repeat of the engine, for fill pieces and the gathers' padding and masks alike.
+void fill_elements(uint8_t* dst, const uint8_t* elem, size_t item, size_t nbytes);
+
 // Below this many bytes a copy stays on the calling thread: waking workers costs more.
 constexpr size_t kParallelCopyMinBytes = 1 << 20;
 

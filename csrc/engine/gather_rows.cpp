@@ -100,15 +100,8 @@ void convert_any(const void* s, at::ScalarType src, void* d, at::ScalarType dst,
 }
 
 // `count` copies of one element.
-void fill(uint8_t* dst, const uint8_t* elem, size_t item, int64_t count) {
-  if (count <= 0) return;
-  bool uniform = true;
-  for (size_t i = 1; i < item; ++i) uniform = uniform && elem[i] == elem[0];
-  if (uniform) {
-    std::memset(dst, elem[0], count * item);
-    return;
-  }
-  for (int64_t k = 0; k < count; ++k) std::memcpy(dst + k * item, elem, item);
+inline void fill(uint8_t* dst, const uint8_t* elem, size_t item, int64_t count) {
+  if (count > 0) fill_elements(dst, elem, item, static_cast<size_t>(count) * item);
 }
 
 void run_row(const Job& j, int64_t i) {

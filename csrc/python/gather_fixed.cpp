@@ -135,17 +135,7 @@ void register_fixed_gather(pybind11::module_& m) {
   py::class_<Column>(m, "FixedColumn", "One column of a FixedGather: where its rows are and what they become.")
       .def(py::init([](int64_t base, int64_t row_stride, int64_t shift, int64_t L, int64_t inner, at::ScalarType src,
                        at::ScalarType dst, std::vector<int64_t> trailing, bool scalar) {
-             Column c;
-             c.base = base;
-             c.row_stride = row_stride;
-             c.shift = shift;
-             c.L = L;
-             c.inner = inner;
-             c.src = src;
-             c.dst = dst;
-             c.trailing = std::move(trailing);
-             c.scalar = scalar;
-             return c;
+             return Column{base, row_stride, shift, L, inner, src, dst, std::move(trailing), scalar};
            }),
            py::kw_only(), py::arg("base"), py::arg("row_stride"), py::arg("shift"), py::arg("L"), py::arg("inner"),
            py::arg("src"), py::arg("dst"), py::arg("trailing"), py::arg("scalar"))
