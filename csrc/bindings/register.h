@@ -11,7 +11,6 @@ void register_gather_ops(pybind11::module_& m);    // python/gather.cpp: the pla
 void register_fixed_gather(pybind11::module_& m);  // python/gather_fixed.cpp: FixedGather
 void register_ring_ops(pybind11::module_& m);      // python/ring.cpp: slot claims, leases, views
 #if FASTCOLLATE_WITH_CUDA
-void register_cuda_ops(pybind11::module_& m);      // cuda/normalize_op.cpp
 void register_host_ops(pybind11::module_& m);      // cuda/host_register.cpp: page-locking
 #endif
 
