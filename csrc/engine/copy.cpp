@@ -17,8 +17,8 @@ namespace {
 // copy, the model): non-temporal stores skip reading every destination line in first
 // (write-allocate), as glibc's memcpy does for one large block -- but not for the many
 // medium pieces of a batch, each under its threshold. Only in the main process: a worker's
-// first batches land on fresh pages of its ring slot, and there streaming measured slower
-// (a new loader's first epoch fell from 1.16-1.25x torch's to 0.99-1.04x).
+// first batches land on fresh pages of its ring slot, and there streaming is slower (a new
+// loader's first epoch loses its lead over torch's).
 constexpr size_t kStreamMinTotal = 8 << 20;
 constexpr size_t kStreamMinPiece = 4 << 10;
 

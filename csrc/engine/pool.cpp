@@ -24,9 +24,9 @@
 namespace fastcollate {
 namespace {
 
-// How long an idle helper keeps polling for work before it sleeps on the condvar. A condvar
-// wake-up costs tens of microseconds on a busy VM -- longer than a whole 2 MB copy -- so, as
-// OpenMP's workers do, a helper that just finished stays awake briefly for the next batch.
+// How long an idle helper keeps polling for work before it sleeps on the condvar. On a busy
+// machine a condvar wake-up can cost more than a whole batch's copy, so, as OpenMP's workers
+// do, a helper that just finished stays awake briefly for the next batch.
 // FASTCOLLATE_SPIN_US overrides it (0: always sleep).
 int64_t spin_ns() {
   static const int64_t ns = [] {
@@ -73,9 +73,9 @@ class ThreadPool {
   }
 
   // Whether the calling helper shares a CPU with the thread that runs the copies. A helper
-  // polling there takes the caller's CPU away from it (measured: a 64 x 1024 gather loop went
-  // from 28 to 50-55 us per batch with both on one CPU), and the scheduler may leave two busy
-  // threads together for many milliseconds. Such a helper neither polls nor takes tasks: it
+  // polling there takes the caller's CPU away from it (a small gather loop runs far slower with
+  // both on one CPU), and the scheduler may leave two busy threads together for many
+  // milliseconds. Such a helper neither polls nor takes tasks: it
   // sleeps, and the next wake-up places it on an idle CPU.
   bool on_caller_cpu() const {
     const int cpu = caller_cpu_.load(std::memory_order_relaxed);
@@ -183,8 +183,8 @@ int hardware_threads() {
 namespace {
 
 // One parallel_run: tasks are claimed by the caller and by helpers alike, so a helper that
-// wakes late (a condvar wake-up is tens of microseconds on a busy 2-core VM) finds fewer tasks
-// left instead of the caller waiting idle for its fixed share. The caller claims from the front
+// wakes late (a condvar wake-up is slow on a busy machine) finds fewer tasks left instead of
+// the caller waiting idle for its fixed share. The caller claims from the front
 // and helpers from the back: when both are on time each keeps the same half of a batch's rows
 // from one batch to the next, so a recycled arena's lines stay in that core's cache instead of
 // moving between cores. The state outlives the call (shared): a helper that wakes after every

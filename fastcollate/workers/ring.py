@@ -37,8 +37,8 @@ SLOT_ALIGN = 64 << 10
 
 class _Pid:
     """This process's id, read once and again after a fork: os.getpid() is a system call, and
-    the ring asked for it twice per batch in each worker (~12% of a worker's busy time on this
-    2-core VM, in a py-spy profile of small batches)."""
+    the ring asked for it twice per batch in each worker, a visible share of a worker's busy
+    time with small batches."""
 
     value = os.getpid()
 
