@@ -31,7 +31,10 @@ def _flag(name: str) -> bool:
 NO_CUDA = _flag("FASTCOLLATE_NO_CUDA")
 FORCE_CUDA = _flag("FASTCOLLATE_FORCE_CUDA")
 DEBUG = _flag("FASTCOLLATE_DEBUG")
-CPP_SOURCES = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+# csrc/engine (ATen, GIL-free), csrc/python (GIL held), csrc/bindings (the module): always built;
+# csrc/cuda only with CUDA.
+CPP_SOURCES = sorted(p for p in glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True)
+                     if not p.startswith(os.path.join("csrc", "cuda", "")))
 CU_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
 CUDA_CPP_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))  # torch-side wrappers of the kernels
 

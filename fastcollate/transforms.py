@@ -1,9 +1,12 @@
 """Batch transforms that run where the batch is: on the prefetcher's side stream on the GPU, or
-on the CPU. Normalize fuses uint8 -> float, (x / scale - mean) / std and channels_last into one
-CUDA kernel when the extension was built with CUDA; the torch path computes the same values
-(the same fp32 true divisions and subtraction, in the same order) everywhere else. Its constants
-are tensors, the scale included: CUDA turns a division by a Python scalar into a multiplication
-by the reciprocal, which can differ from the kernel's division in the last bit."""
+on the CPU. Normalize is the torch op ``fastcollate::normalize`` (a schema, a CPU kernel, a fused
+CUDA kernel -- uint8 -> float, (x / scale - mean) / std and channels_last in one pass -- in CUDA
+builds, and a fake kernel for torch.compile), called the same way on every device; its Python
+reference (``normalize_reference``) computes the same values with the same fp32 true divisions
+and subtraction in the same order, and serves where the op is not there (no compiled engine, or
+a CUDA tensor and a build without the kernel). Its constants are tensors, the scale included:
+CUDA turns a division by a Python scalar into a multiplication by the reciprocal, which can
+differ from the kernel's division in the last bit."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -13,6 +16,28 @@ import torch
 from . import _ext
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def normalize_reference(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, scale: torch.Tensor,
+                        dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """``fastcollate::normalize`` in torch operations: ``(x / scale - mean[c]) / std[c]`` in fp32,
+    cast to ``dtype``. The op's CPU kernel runs these operations; its fake kernel is this function
+    on fake tensors (same shapes, dtypes and strides); the CUDA kernel is tested bitwise against it.
+
+    >>> x = torch.full((1, 1, 1, 1), 255, dtype=torch.uint8)
+    >>> one = torch.ones(1)
+    >>> normalize_reference(x, one, one, torch.tensor(255.0), torch.float32, False).item()
+    0.0
+    """
+    shape = (-1, 1, 1)
+    y = x.to(torch.float32).div_(scale).sub_(mean.view(shape)).div_(std.view(shape))
+    if channels_last:
+        return y.to(dtype=dtype, memory_format=torch.channels_last)
+    return y.to(dtype)
+
+
+if _ext._C is not None:  # loading the engine registered the op (csrc/engine/normalize.cpp)
+    torch.library.register_fake("fastcollate::normalize")(normalize_reference)
 
 
 class Normalize:
@@ -78,17 +103,15 @@ class Normalize:
             raise ValueError(f"Normalize: batch[{key!r}] has {c} channels, mean/std have {len(self.mean)}")
         if self.channels_last and x.dim() != 4:
             raise ValueError(f"Normalize: channels_last needs 4-D [N, C, H, W] input, batch[{key!r}] is {list(x.shape)}")
-        if x.is_cuda and x.dim() == 4 and _ext.cuda_kernels_built() and c <= 16:
-            return _ext._C.normalize_u8_cuda(x, self.mean, self.std, self.scale, self.dtype, self.channels_last)
-        return self._torch(x)
+        mean, std, scale = self._constants(x.device)
+        if _ext._C is not None and (x.device.type == "cpu" or (x.is_cuda and _ext.cuda_kernels_built())):
+            return torch.ops.fastcollate.normalize(x, mean, std, scale, self.dtype, self.channels_last)
+        return normalize_reference(x, mean, std, scale, self.dtype, self.channels_last)
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference's result for x (what the op must equal bitwise)."""
         mean, std, scale = self._constants(x.device)
-        shape = (-1, 1, 1)
-        y = x.to(torch.float32).div_(scale).sub_(mean.view(shape)).div_(std.view(shape))
-        if self.channels_last:
-            return y.to(dtype=self.dtype, memory_format=torch.channels_last)
-        return y.to(self.dtype)
+        return normalize_reference(x, mean, std, scale, self.dtype, self.channels_last)
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mean, std, scale on ``device``, made once per (device, stream) and, on CUDA, copied
@@ -104,4 +127,4 @@ class Normalize:
             self._consts[key] = (host[:c], host[c:2 * c], host[2 * c])
         return self._consts[key]
 
-__all__ = ["Normalize"]
+__all__ = ["Normalize", "normalize_reference"]

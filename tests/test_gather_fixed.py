@@ -1,4 +1,4 @@
-"""The compiled template of fixed-row datasets (csrc/gather_fixed.cpp): byte for byte the batch
+"""The compiled template of fixed-row datasets (csrc/python/gather_fixed.cpp): byte for byte the batch
 of the planned gather and of default_collate; every index list it does not take (numpy ints,
 bools, out of range, empty, not a list) goes to the planned path, whose result or error is the
 library's rule; the template is built once per process and never pickled."""

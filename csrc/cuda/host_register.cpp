@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "bindings/register.h"
+
 namespace fastcollate {
 namespace {
 

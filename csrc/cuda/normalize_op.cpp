@@ -1,53 +1,41 @@
-// The torch-facing side of the normalize kernel (built only with CUDA): checks, device guard,
-// current stream, output allocation, launch check.
+// The CUDA kernel of the fastcollate::normalize op (CUDA builds only; the schema and the CPU
+// kernel: engine/normalize.cpp): checks, device guard, current stream, output allocation as the
+// op's other kernels and its fake allocate it, launch check.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/csrc/utils/pybind.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
 
-#include <vector>
-
-#include "normalize.cuh"
+#include "cuda/normalize.cuh"
+#include "engine/normalize.h"
 
 namespace fastcollate {
+namespace {
 
-at::Tensor normalize_u8_cuda(const at::Tensor& x, const std::vector<double>& mean, const std::vector<double>& std,
-                             double scale, at::ScalarType dtype, bool channels_last) {
-  TORCH_CHECK(x.is_cuda(), "normalize_u8_cuda: expected a CUDA tensor, got one on ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kByte, "normalize_u8_cuda: expected uint8 input, got ", x.scalar_type());
-  TORCH_CHECK(x.dim() == 4, "normalize_u8_cuda: expected [N, C, H, W], got shape ", x.sizes());
-  const int64_t c = x.size(1);
-  TORCH_CHECK(c >= 1 && c <= kMaxNormalizeChannels, "normalize_u8_cuda: 1 to ", kMaxNormalizeChannels,
-              " channels supported, got ", c);
-  TORCH_CHECK(static_cast<int64_t>(mean.size()) == c && static_cast<int64_t>(std.size()) == c,
-              "normalize_u8_cuda: mean and std need one value per channel (", c, "), got ", mean.size(), " and ",
-              std.size());
-  OutKind kind;
-  switch (dtype) {
-    case at::kFloat: kind = OutKind::Float32; break;
-    case at::kHalf: kind = OutKind::Float16; break;
-    case at::kBFloat16: kind = OutKind::BFloat16; break;
-    default: TORCH_CHECK(false, "normalize_u8_cuda: output dtype must be float32, float16 or bfloat16, got ", dtype);
-  }
+at::Tensor normalize_cuda(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& std, const at::Tensor& scale,
+                          at::ScalarType dtype, bool channels_last) {
+  TORCH_CHECK(x.is_cuda(), "fastcollate::normalize (CUDA): expected a CUDA tensor, got one on ", x.device());
+  check_normalize_args(x, mean, std, scale, dtype, channels_last);
+  // the kernel reads NCHW-contiguous bytes; any other layout takes the same fp32 operations in ATen
+  if (!x.is_contiguous()) return normalize_aten(x, mean, std, scale, dtype, channels_last);
+  OutKind kind = OutKind::Float32;
+  if (dtype == at::kHalf) kind = OutKind::Float16;
+  if (dtype == at::kBFloat16) kind = OutKind::BFloat16;
   c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor in = x.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype),
-                             channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
-  NormalizeParams p{};
-  p.scale = static_cast<float>(scale);
-  for (int64_t i = 0; i < c; ++i) {
-    p.mean[i] = static_cast<float>(mean[i]);
-    p.std[i] = static_cast<float>(std[i]);
-  }
-  C10_CUDA_CHECK(launch_normalize_u8(in.data_ptr<uint8_t>(), out.data_ptr(), kind, x.size(0), c, x.size(2) * x.size(3),
-                                     channels_last, p, c10::cuda::getCurrentCUDAStream().stream()));
+  // the output's strides are those of x.to(dtype) (preserved format) or of channels_last
+  at::Tensor out = channels_last
+                       ? at::empty(x.sizes(), x.options().dtype(dtype), at::MemoryFormat::ChannelsLast)
+                       : at::empty_like(x, x.options().dtype(dtype));
+  const int64_t n = x.dim() == 4 ? x.size(0) : 1;
+  C10_CUDA_CHECK(launch_normalize_u8(x.data_ptr<uint8_t>(), out.data_ptr(), kind, n, x.size(-3),
+                                     x.size(-2) * x.size(-1), channels_last, mean.data_ptr<float>(),
+                                     std.data_ptr<float>(), scale.data_ptr<float>(),
+                                     c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
 
-void register_cuda_ops(pybind11::module_& m) {
-  m.def("normalize_u8_cuda", &normalize_u8_cuda, pybind11::arg("x"), pybind11::arg("mean"), pybind11::arg("std"),
-        pybind11::arg("scale"), pybind11::arg("dtype"), pybind11::arg("channels_last"));
-}
-
+}  // namespace
 }  // namespace fastcollate
+
+TORCH_LIBRARY_IMPL(fastcollate, CUDA, m) { m.impl("normalize", &fastcollate::normalize_cuda); }

@@ -1,14 +1,14 @@
 """The gather of an ArrayDataset batch. Datasets whose columns all have rows of one length at
 affine addresses (TokenWindows, arrays, memmaps, tensors) get a compiled template, built once
-(``_C.FixedGather``, csrc/gather_fixed.cpp): a batch is one call. Every other batch (padding,
-ragged and Arrow columns) is planned here (row addresses, lengths, output shapes, arena
-offsets) over numpy index arithmetic and its bytes moved and converted by ``fastcollate._C.gather``
-(csrc/gather.cpp). Both run the same row jobs without the GIL. The exactness rule is the
-library's: a gathered batch equals ``default_collate([ds[i] for i in indices])`` (or the padding
-reference of the same samples) element for element, dtype and shape; whenever the gather cannot
-promise that (rows of unequal length with no padding, a dtype or layout it does not read, pad
-values that do not fit, ...) it returns None and the batch is materialized and goes the
-ordinary way, errors included.
+(``_C.FixedGather``, csrc/python/gather_fixed.cpp): a batch is one call. Every other batch
+(padding, ragged and Arrow columns) is planned here (row addresses, lengths, output shapes,
+arena offsets) over numpy index arithmetic and its bytes moved and converted by
+``fastcollate._C.gather`` (csrc/python/gather.cpp). Both run the same row jobs without the GIL
+(csrc/engine/gather_rows.cpp). The exactness rule is the library's: a gathered batch equals
+``default_collate([ds[i] for i in indices])`` (or the padding reference of the same samples)
+element for element, dtype and shape; whenever the gather cannot promise that (rows of unequal
+length with no padding, a dtype or layout it does not read, pad values that do not fit, ...) it
+returns None and the batch is materialized and goes the ordinary way, errors included.
 """
 from __future__ import annotations
 
@@ -20,29 +20,31 @@ import torch
 from .. import _ext
 from ..core.pad import PadSpec, check_fits
 
-_ALIGN = 64
 _COMPILED = True  # tests turn the fixed-row template off to compare it with the planned path
-_ROWS, _MASK, _LENGTHS = 0, 1, 2
 
 
 class GatherPlan:
-    """The jobs of one gather (see csrc/gather.cpp) and where their outputs go in the arena."""
+    """The jobs of one gather (``_C.GatherJob``, see csrc/python/gather.cpp) and where their
+    outputs go in the arena (each at a multiple of ``_C.align``)."""
 
     def __init__(self, rows: int) -> None:
         self.B = rows
         self.nbytes = 0
-        self.jobs: list[tuple] = []
+        self.align = _ext._C.align
+        self.jobs: list[Any] = []
         self.keys: list[tuple[Any, bool]] = []  # (key, a list of [B] tensors rather than one tensor)
 
-    def add(self, key: Any, kind: int, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
+    def add(self, key: Any, kind: Any, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
             src: torch.dtype, dst: torch.dtype, shape: tuple[int, ...], pad: Any = 0, left: bool = False,
             as_list: bool = False) -> None:
+        """A job of ``kind`` (a ``_C.JobKind``) writing the [shape] output of ``key``."""
         at = self.nbytes
         size = _numel(shape) * dst.itemsize
-        self.nbytes = at + (size + _ALIGN - 1) // _ALIGN * _ALIGN
-        p = None if ptrs is None else torch.from_numpy(ptrs)
-        n = None if lens is None else torch.from_numpy(lens)
-        self.jobs.append((kind, at, p, n, self.B, L, inner, src, dst, pad, left, as_list, shape))
+        self.nbytes = at + (size + self.align - 1) // self.align * self.align
+        self.jobs.append(_ext._C.GatherJob(
+            kind=kind, offset=at, ptrs=None if ptrs is None else torch.from_numpy(ptrs),
+            lens=None if lens is None else torch.from_numpy(lens), rows=self.B, L=L, inner=inner, src=src, dst=dst,
+            pad=pad, left=left, transposed=as_list, shape=shape))
         self.keys.append((key, as_list))
 
 
@@ -68,8 +70,10 @@ def _template(layout: Any) -> Any:
         if where is None or s.lists:
             columns = None
             break
-        L = 1 if s.scalar else s.fixed
-        columns.append((*where, L, _numel(s.trailing), s.src, s.out, list(s.trailing), s.scalar))
+        base, row_stride, shift = where
+        columns.append(_ext._C.FixedColumn(base=base, row_stride=row_stride, shift=shift, L=1 if s.scalar else s.fixed,
+                                           inner=_numel(s.trailing), src=s.src, dst=s.out, trailing=list(s.trailing),
+                                           scalar=s.scalar))
     template = None if columns is None else _ext._C.FixedGather(list(layout.sources), layout.mapping, layout.n,
                                                                 columns, tuple(layout.sources.values()))
     layout.compiled["fixed"] = template
@@ -108,9 +112,10 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
             return None
         if any(k is not None and k in sources for k in (spec.mask_key, spec.lengths_key)):
             return None
+    kinds = _ext._C.JobKind
     plan = GatherPlan(B)
     padded = dict(spec.values) if spec is not None else {}
-    tail: list[tuple] = []  # the mask and lengths go after every column, as padding appends them
+    tail: list[dict[str, Any]] = []  # the mask and lengths go after every column, as padding appends them
     for key, s in sources.items():
         ptrs = _int64(s.ptrs(rows))
         lens = s.lens(rows)
@@ -125,13 +130,14 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
             longest = int(lens.max())
             L = spec.target(longest if spec.max_length is None else min(longest, spec.max_length))
             left = spec.side == "left"
-            plan.add(key, _ROWS, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left)
+            plan.add(key, kinds.Rows, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left)
             if key == spec.values[0][0]:
                 if spec.mask_key is not None:
-                    tail.append((spec.mask_key, _MASK, None, lens, L, 1, spec.mask_dtype, spec.mask_dtype, (B, L), 1,
-                                 left))
+                    tail.append(dict(key=spec.mask_key, kind=kinds.Mask, ptrs=None, lens=lens, L=L, inner=1,
+                                     src=spec.mask_dtype, dst=spec.mask_dtype, shape=(B, L), left=left))
                 if spec.lengths_key is not None:
-                    tail.append((spec.lengths_key, _LENGTHS, None, lens, L, 1, torch.int64, torch.int64, (B,)))
+                    tail.append(dict(key=spec.lengths_key, kind=kinds.Lengths, ptrs=None, lens=lens, L=L, inner=1,
+                                     src=torch.int64, dst=torch.int64, shape=(B,)))
             continue
         if lens is not None:
             if (lens != lens[0]).any():
@@ -140,13 +146,13 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
         else:
             length = 1 if s.scalar else s.fixed
         if s.lists and not s.scalar:  # default_collate of list rows: one [B] tensor per position
-            plan.add(key, _ROWS, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True)
+            plan.add(key, kinds.Rows, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True)
             continue
         shape = (B,) if s.scalar else (B, length, *s.trailing)
-        plan.add(key, _ROWS, ptrs, None, length, inner, s.src, s.out, shape)
+        plan.add(key, kinds.Rows, ptrs, None, length, inner, s.src, s.out, shape)
     for job in tail:
-        plan.add(*job)
-    size = max(plan.nbytes, _ALIGN)
+        plan.add(**job)
+    size = max(plan.nbytes, plan.align)
     arena = _ext._C.pool_allocate(size) if alloc is None else alloc(size)
     views = _ext._C.gather(arena, plan.jobs, threads)
     values = {key: list(v.unbind(0)) if as_list else v for (key, as_list), v in zip(plan.keys, views)}

@@ -8,8 +8,9 @@ gets real batches and keeps the ring.
 The segment is a sparse memfd: nothing is allocated or faulted when it is made, a page is
 allocated by the worker that first writes it, and a slot costs its page faults once, on its
 first batch; every later batch in it costs none. Slot states live in a shared control block of
-int64 atomics (csrc/ring.cpp): free, filled by a worker (its pid), or held by the main process
-(its views; for a page-locked ring also the copies still reading it, see fastcollate.loader.pinning).
+int64 atomics (csrc/engine/ring_state.cpp): free, filled by a worker (its pid), or held by the
+main process (its views; for a page-locked ring also the copies still reading it, see
+fastcollate.loader.pinning).
 A worker never waits for a slot: with none free, or a batch larger than a slot, it collates
 into an ordinary shared arena (counted). Slots of dead workers are reclaimed by the next worker
 that finds the ring full and at each new epoch.
@@ -31,15 +32,13 @@ from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
 _RINGS: "weakref.WeakValueDictionary[str, Ring]" = weakref.WeakValueDictionary()
-_COUNTERS = ("hits", "full", "oversize", "bytes")
 SLOT_ALIGN = 64 << 10
-_MAIN = -1
 
 
 class _Pid:
     """This process's id, read once and again after a fork: os.getpid() is a system call, and
-    the ring asked for it twice per batch in each worker (~12% of a worker's busy time on this
-    2-core VM, in a py-spy profile of small batches)."""
+    the ring asked for it twice per batch in each worker, a visible share of a worker's busy
+    time with small batches."""
 
     value = os.getpid()
 
@@ -82,7 +81,7 @@ def _segment(nbytes: int) -> torch.Tensor:
 
 
 def _free_held(ctrl: torch.Tensor, slot: int) -> None:
-    _ext._C.ring_transfer(ctrl, slot, _MAIN, 0)
+    _ext._C.ring_transfer(ctrl, slot, _ext._C.ring_held_by_main, 0)
 
 
 class Ring:
@@ -99,8 +98,9 @@ class Ring:
         self.slots = int(slots)
         self.slot_bytes = int(-(-slot_bytes // SLOT_ALIGN) * SLOT_ALIGN)
         self.mem = _segment(self.slots * self.slot_bytes)
-        self.ctrl = _segment((_ext._C.ring_header + self.slots) * 8).view(torch.int64)  # zero-filled
-        self.ctrl[4] = self.slots
+        words = _ext._C.ring_words  # the control block's layout, named by csrc/engine/ring_state.h
+        self.ctrl = _segment((words["header"] + self.slots) * 8).view(torch.int64)  # zero-filled
+        self.ctrl[words["slots"]] = self.slots
         self.owner = os.getpid()
         self.pin_requested = bool(pin)
         can_pin = pin and (registrar is not None or torch.cuda.is_available())
@@ -138,7 +138,8 @@ class Ring:
         return self.mem.narrow(0, slot * self.slot_bytes, nbytes)
 
     def count(self, name: str, value: int = 1) -> None:
-        _ext._C.ring_add(self.ctrl, _COUNTERS.index(name), value)
+        """Adds value to counter ``name`` (hits, full, oversize, bytes)."""
+        _ext._C.ring_add(self.ctrl, _ext._C.ring_words[name], value)
 
     # -- main side
     def lease(self, slot: int, tag: int, nbytes: int) -> torch.Tensor:
@@ -181,11 +182,14 @@ class Ring:
 
     def stats(self) -> dict[str, Any]:
         self.poll()
-        c = self.ctrl[:4].tolist()
+        words = _ext._C.ring_words
+        header = self.ctrl[:words["counters"]].tolist()
+        c = {name: header[words[name]] for name in ("hits", "full", "oversize", "bytes")}
         st = self.states()
         pending = len(self.fences) if self.fences is not None else 0
-        return {"ring_hits": c[0], "ring_full": c[1], "ring_oversize": c[2], "ring_fallbacks": c[1] + c[2],
-                "ring_bytes": c[3], "ring_slots": self.slots, "ring_slot_bytes": self.slot_bytes,
+        return {"ring_hits": c["hits"], "ring_full": c["full"], "ring_oversize": c["oversize"],
+                "ring_fallbacks": c["full"] + c["oversize"],
+                "ring_bytes": c["bytes"], "ring_slots": self.slots, "ring_slot_bytes": self.slot_bytes,
                 "ring_slots_free": st.count(0), "ring_slots_held": sum(1 for s in st if s < 0) - pending,
                 "ring_slots_pending": pending, "ring_slots_filled": sum(1 for s in st if s > 0),
                 "ring_pinned": self.pinned,

@@ -1,4 +1,4 @@
-#include "copy_engine.h"
+#include "engine/pool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -10,24 +10,23 @@
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
-#define FASTCOLLATE_STREAM_STORES 1
 #endif
 
 namespace fastcollate {
 namespace {
 
-// How long an idle helper keeps polling for work before it sleeps on the condvar. A condvar
-// wake-up costs tens of microseconds on a busy VM -- longer than a whole 2 MB copy -- so, as
-// OpenMP's workers do, a helper that just finished stays awake briefly for the next batch.
+// How long an idle helper keeps polling for work before it sleeps on the condvar. On a busy
+// machine a condvar wake-up can cost more than a whole batch's copy, so, as OpenMP's workers
+// do, a helper that just finished stays awake briefly for the next batch.
 // FASTCOLLATE_SPIN_US overrides it (0: always sleep).
 int64_t spin_ns() {
   static const int64_t ns = [] {
@@ -74,9 +73,9 @@ class ThreadPool {
   }
 
   // Whether the calling helper shares a CPU with the thread that runs the copies. A helper
-  // polling there takes the caller's CPU away from it (measured: a 64 x 1024 gather loop went
-  // from 28 to 50-55 us per batch with both on one CPU), and the scheduler may leave two busy
-  // threads together for many milliseconds. Such a helper neither polls nor takes tasks: it
+  // polling there takes the caller's CPU away from it (a small gather loop runs far slower with
+  // both on one CPU), and the scheduler may leave two busy threads together for many
+  // milliseconds. Such a helper neither polls nor takes tasks: it
   // sleeps, and the next wake-up places it on an idle CPU.
   bool on_caller_cpu() const {
     const int cpu = caller_cpu_.load(std::memory_order_relaxed);
@@ -165,54 +164,6 @@ ThreadPool& pool_for_this_process(int workers) {
   return *g_pool;
 }
 
-// Batches larger than the caches are written once and read later by someone else (the H2D
-// copy, the model): non-temporal stores skip reading every destination line in first
-// (write-allocate), as glibc's memcpy does for one large block -- but not for the many
-// medium pieces of a batch, each under its threshold. Only in the main process: a worker's
-// first batches land on fresh pages of its ring slot, and there streaming measured slower
-// (a new loader's first epoch fell from 1.16-1.25x torch's to 0.99-1.04x).
-constexpr size_t kStreamMinTotal = 8 << 20;
-constexpr size_t kStreamMinPiece = 4 << 10;
-
-void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
-#ifdef FASTCOLLATE_STREAM_STORES
-  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-  if (n < head + 64) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
-
-void copy_range(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
-  if (stream && n >= kStreamMinPiece) stream_copy(dst, src, n);
-  else std::memcpy(dst, src, n);
-}
-
-void store_fence(bool stream) {
-#ifdef FASTCOLLATE_STREAM_STORES
-  if (stream) _mm_sfence();  // streamed stores are visible to other threads only after a fence
-#endif
-}
-
 }  // namespace
 
 int usable_cores() {
@@ -232,8 +183,8 @@ int hardware_threads() {
 namespace {
 
 // One parallel_run: tasks are claimed by the caller and by helpers alike, so a helper that
-// wakes late (a condvar wake-up is tens of microseconds on a busy 2-core VM) finds fewer tasks
-// left instead of the caller waiting idle for its fixed share. The caller claims from the front
+// wakes late (a condvar wake-up is slow on a busy machine) finds fewer tasks left instead of
+// the caller waiting idle for its fixed share. The caller claims from the front
 // and helpers from the back: when both are on time each keeps the same half of a batch's rows
 // from one batch to the next, so a recycled arena's lines stay in that core's cache instead of
 // moving between cores. The state outlives the call (shared): a helper that wakes after every
@@ -305,62 +256,6 @@ void parallel_run(int ntasks, const std::function<void(int)>& fn, int max_thread
   std::unique_lock<std::mutex> lock(run->mu);
   run->cv.wait(lock, [&run] { return run->done.load(std::memory_order_acquire) == run->ntasks; });
   if (run->error) std::rethrow_exception(run->error);
-}
-
-void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_threads, bool stream_ok) {
-  size_t total = 0;
-  for (const auto& p : pieces) total += p.nbytes;
-  int threads = std::max(1, num_threads);
-  if (total < kParallelCopyMinBytes) threads = 1;
-  threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(1, total / (kParallelCopyMinBytes / 2))));
-  const bool stream = stream_ok && total >= kStreamMinTotal;
-  if (threads == 1) {
-    for (const auto& p : pieces) copy_range(base + p.dst_offset, p.src, p.nbytes, stream);
-    store_fence(stream);
-    return;
-  }
-  // Thread t copies bytes [t*share, (t+1)*share) of the concatenated pieces, cutting pieces at
-  // the boundaries, so every thread moves the same number of bytes whatever the piece sizes.
-  std::vector<size_t> starts(pieces.size() + 1, 0);  // starts[i]: bytes before piece i
-  for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i].nbytes;
-  // kTasksPerThread tasks per thread, claimed as threads come free (see parallel_run)
-  const int tasks = threads * kTasksPerThread;
-  const size_t share = (total + tasks - 1) / tasks;
-  parallel_run(tasks, [&](int t) {
-    const size_t lo = std::min(total, share * t);
-    const size_t hi = std::min(total, share * (t + 1));
-    // the last piece that starts at or before lo
-    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
-    for (size_t pos = lo; pos < hi && i < pieces.size(); ++i) {
-      const CopyPiece& p = pieces[i];
-      const size_t skip = pos - starts[i];
-      const size_t n = std::min(p.nbytes - skip, hi - pos);
-      copy_range(base + p.dst_offset + skip, p.src + skip, n, stream);
-      pos += n;
-    }
-    store_fence(stream);
-  }, threads);
-}
-
-void fill_pieces(const std::vector<FillPiece>& fills, uint8_t* base) {
-  for (const FillPiece& f : fills) {
-    uint8_t* dst = base + f.dst_offset;
-    bool uniform = true;  // all pattern bytes equal (0, -1, 1 as bool...): one memset
-    for (int i = 1; i < f.pattern_size; ++i) uniform = uniform && f.pattern[i] == f.pattern[0];
-    if (uniform) {
-      std::memset(dst, f.pattern[0], f.nbytes);
-      continue;
-    }
-    // one element, then the filled prefix copied onto the rest, doubling: log2(n) memcpys
-    if (f.nbytes == 0) continue;
-    std::memcpy(dst, f.pattern, f.pattern_size);
-    size_t done = f.pattern_size;
-    while (done < f.nbytes) {
-      const size_t n = std::min(done, f.nbytes - done);
-      std::memcpy(dst + done, dst, n);
-      done += n;
-    }
-  }
 }
 
 }  // namespace fastcollate

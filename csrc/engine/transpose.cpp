@@ -1,9 +1,10 @@
-#include "transpose.h"
+#include "engine/transpose.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "copy_engine.h"
+#include "engine/copy.h"
+#include "engine/pool.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

@@ -9,45 +9,35 @@
 #include <cstring>
 #include <vector>
 
-#include "arena_pool.h"
-#include "gather.h"
-#include "plan.h"
+#include "bindings/register.h"
+#include "engine/arena_pool.h"
+#include "engine/gather_rows.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {
 
+// One column of the template as gather.py builds it: _C.FixedColumn(base=..., row_stride=..., ...).
 struct Column {
   int64_t base = 0, row_stride = 0, shift = 0;  // row r starts at base + r * row_stride + shift
   int64_t L = 1, inner = 1;                     // positions per row, elements per position (0: empty rows)
   at::ScalarType src = at::kByte, dst = at::kByte;
   std::vector<int64_t> trailing;                // the row's dimensions after L
   bool scalar = false;                          // a batch is [B]
-  size_t row_bytes = 0;                         // output bytes per row
+  size_t row_bytes = 0;                         // output bytes per row (computed by FixedGather)
 };
 
 size_t aligned(size_t n) { return (n + kLeafAlign - 1) / kLeafAlign * kLeafAlign; }
 
 class FixedGather {
  public:
-  // columns: (base, row_stride, shift, L, inner, src, dst, trailing, scalar) per key; keep holds
-  // the arrays the addresses point into.
+  // columns: one FixedColumn per key; keep holds the arrays the addresses point into.
   FixedGather(const py::list& keys, bool mapping, int64_t n, const py::list& columns, py::object keep)
       : mapping_(mapping), n_(n), keep_(std::move(keep)) {
     TORCH_CHECK(keys.size() == columns.size() && n >= 0, "fastcollate FixedGather: one column per key");
     for (py::handle k : keys) keys_.push_back(py::reinterpret_borrow<py::object>(k));
     for (py::handle h : columns) {
-      const py::tuple t = h.cast<py::tuple>();
-      TORCH_CHECK(t.size() == 9, "fastcollate FixedGather: a column is a 9-tuple");
-      Column c;
-      c.base = t[0].cast<int64_t>();
-      c.row_stride = t[1].cast<int64_t>();
-      c.shift = t[2].cast<int64_t>();
-      c.L = t[3].cast<int64_t>();
-      c.inner = t[4].cast<int64_t>();
-      c.src = t[5].cast<at::ScalarType>();
-      c.dst = t[6].cast<at::ScalarType>();
-      c.trailing = t[7].cast<std::vector<int64_t>>();
-      c.scalar = t[8].cast<bool>();
+      Column c = h.cast<Column>();
       TORCH_CHECK(c.L >= 0 && c.inner >= 0 && (!c.scalar || (c.L == 1 && c.inner == 1)),
                   "fastcollate FixedGather: bad column geometry");
       TORCH_CHECK(gather_supported(c.src) && gather_supported(c.dst) &&
@@ -142,6 +132,22 @@ class FixedGather {
 }  // namespace
 
 void register_fixed_gather(pybind11::module_& m) {
+  py::class_<Column>(m, "FixedColumn", "One column of a FixedGather: where its rows are and what they become.")
+      .def(py::init([](int64_t base, int64_t row_stride, int64_t shift, int64_t L, int64_t inner, at::ScalarType src,
+                       at::ScalarType dst, std::vector<int64_t> trailing, bool scalar) {
+             return Column{base, row_stride, shift, L, inner, src, dst, std::move(trailing), scalar};
+           }),
+           py::kw_only(), py::arg("base"), py::arg("row_stride"), py::arg("shift"), py::arg("L"), py::arg("inner"),
+           py::arg("src"), py::arg("dst"), py::arg("trailing"), py::arg("scalar"))
+      .def_readonly("base", &Column::base)
+      .def_readonly("row_stride", &Column::row_stride)
+      .def_readonly("shift", &Column::shift)
+      .def_readonly("L", &Column::L)
+      .def_readonly("inner", &Column::inner)
+      .def_readonly("src", &Column::src)
+      .def_readonly("dst", &Column::dst)
+      .def_readonly("trailing", &Column::trailing)
+      .def_readonly("scalar", &Column::scalar);
   py::class_<FixedGather>(m, "FixedGather")
       .def(py::init<const py::list&, bool, int64_t, const py::list&, py::object>(), py::arg("keys"),
            py::arg("mapping"), py::arg("rows"), py::arg("columns"), py::arg("keep"))

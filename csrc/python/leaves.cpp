@@ -1,4 +1,4 @@
-#include "leaves.h"
+#include "python/leaves.h"
 
 #include <torch/csrc/utils/tensor_numpy.h>
 

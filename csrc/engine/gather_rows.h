@@ -1,5 +1,8 @@
-// The gather's row jobs (csrc/gather.cpp), shared by the planned-in-Python gather and the
-// compiled template of fixed-row datasets (csrc/gather_fixed.cpp).
+// The gathers' row jobs: indexed rows of columns already in memory (numpy arrays, memmaps,
+// tensors, Arrow buffers) moved and converted into a batch's arena, with padding, masks and
+// lengths. Shared by the planned-in-Python gather (python/gather.cpp) and the compiled template
+// of fixed-row datasets (python/gather_fixed.cpp), which build the jobs with the GIL held; this
+// runs them without it, on the pool.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,6 +14,7 @@
 
 namespace fastcollate {
 
+// What a job writes (exported to Python as _C.JobKind).
 enum class JobKind : int { Rows = 0, Mask = 1, Lengths = 2 };
 
 // One output tensor of B rows.
@@ -32,6 +36,10 @@ struct Job {
 // Whether a column of t can be read, and whether a column may be converted into t.
 bool gather_supported(at::ScalarType t);
 bool gather_convertible_to(at::ScalarType t);
+
+// One element of t (a gather-supported dtype) holding an integer (is_int) or a float value, as
+// torch would store it in a tensor of t (ints exactly, floats rounded once), written to out.
+void encode_element(at::ScalarType t, bool is_int, int64_t iv, double dv, uint8_t* out);
 
 // Batches gathered (either path), for fastcollate.stats(): counted here, an atomic, rather
 // than under a Python lock once per batch.

@@ -1,6 +1,6 @@
-#include "pad.h"
+#include "python/pad.h"
 
-#include "leaves.h"
+#include "python/leaves.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>

@@ -2,7 +2,7 @@
 // default_collate's rules for which container type comes back.
 #include <torch/csrc/autograd/python_variable.h>
 
-#include "plan.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {
@@ -90,28 +90,6 @@ class Assembler {
 };
 
 }  // namespace
-
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes,
-                      c10::IntArrayRef strides) {
-  const size_t item = c10::elementSize(dtype);
-  TORCH_CHECK(offset % item == 0, "fastcollate: arena offset ", offset, " is not a multiple of ", item);
-  auto view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(arena.storage()), arena.key_set(),
-                                                       c10::scalarTypeToTypeMeta(dtype));
-  if (strides.empty()) view.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  else view.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  view.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>((arena.storage_offset() + offset) / item));
-  return view;
-}
-
-void run_copies(Plan& plan, const at::Tensor& arena, int num_threads, bool stream_ok) {
-  uint8_t* base = static_cast<uint8_t*>(arena.data_ptr());
-  copy_pieces(plan.pieces, base, num_threads, stream_ok);
-  transpose_pieces(plan.transposes, base, num_threads);
-  fill_pieces(plan.fills, base);
-  for (const Conversion& c : plan.conversions) {
-    arena_view(arena, c.dst_offset, c.dtype, c.sizes, c.strides).copy_(c.src);
-  }
-}
 
 py::object assemble(Plan& plan, const at::Tensor& arena, py::handle batch) {
   return Assembler(arena).build(plan.root);

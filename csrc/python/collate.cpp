@@ -1,12 +1,16 @@
-// fastcollate._C: the Python entry points over the walk, the copy engine and the arena pool.
+// The Python entry points of collate (GIL held): the walk into a plan, the arena, the engine's
+// copies with the GIL released, the containers rebuilt around views; and the counters of
+// fastcollate.stats().
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <optional>
 
-#include "arena_pool.h"
-#include "gather.h"
-#include "pad.h"
-#include "plan.h"
+#include "bindings/register.h"
+#include "engine/arena_pool.h"
+#include "engine/gather_rows.h"
+#include "python/pad.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 
@@ -81,56 +85,14 @@ void reset_counters() {
   g_gathered_batches = 0;
 }
 
-// Raw threaded copy of src into dst (same byte size): the benchmark's engine ceiling and a
-// direct test of the byte split.
-void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, int64_t piece_bytes) {
-  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu() && src.device().is_cpu(),
-              "copy_bytes: contiguous CPU tensors only");
-  const size_t n = src.numel() * src.element_size();
-  TORCH_CHECK(static_cast<size_t>(dst.numel() * dst.element_size()) == n, "copy_bytes: sizes differ");
-  TORCH_CHECK(piece_bytes > 0, "copy_bytes: piece_bytes must be positive");
-  std::vector<CopyPiece> pieces;
-  const auto* s = static_cast<const uint8_t*>(src.data_ptr());
-  for (size_t off = 0; off < n; off += static_cast<size_t>(piece_bytes)) {
-    pieces.push_back({s + off, off, std::min(n - off, static_cast<size_t>(piece_bytes))});
-  }
-  py::gil_scoped_release no_gil;
-  copy_pieces(pieces, static_cast<uint8_t*>(dst.data_ptr()), num_threads);
-}
-
 }  // namespace
 
-void register_ring_ops(pybind11::module_& m);
-void register_gather_ops(pybind11::module_& m);
-void register_fixed_gather(pybind11::module_& m);
-#if FASTCOLLATE_WITH_CUDA
-void register_cuda_ops(pybind11::module_& m);
-void register_host_ops(pybind11::module_& m);
-#endif
+void register_collate(pybind11::module_& m) {
+  m.def("collate", &collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"),
+        py::arg("pad") = py::none(), py::arg("in_main") = true);
+  m.def("stats", &stats);
+  m.def("plan_bytes", &plan_bytes, py::arg("batch"), py::arg("defer_fn"), py::arg("pad") = py::none());
+  m.def("reset_counters", &reset_counters);
+}
 
 }  // namespace fastcollate
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace fc = fastcollate;
-  m.doc() = "fastcollate's compiled engine";
-  m.def("collate", &fc::collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"),
-        py::arg("pad") = py::none(), py::arg("in_main") = true);
-  m.def("stats", &fc::stats);
-  m.def("plan_bytes", &fc::plan_bytes, py::arg("batch"), py::arg("defer_fn"), py::arg("pad") = py::none());
-  m.def("reset_counters", &fc::reset_counters);
-  m.def("pool_allocate", [](size_t n) { return fc::pool_allocate(n); });
-  m.def("pool_size_class", &fc::pool_size_class);
-  m.def("pool_set_limit", &fc::pool_set_limit);
-  m.def("pool_trim", &fc::pool_trim);
-  m.def("copy_bytes", &fc::copy_bytes, py::arg("dst"), py::arg("src"), py::arg("num_threads"), py::arg("piece_bytes"));
-  m.def("hardware_threads", &fc::hardware_threads);
-  m.attr("with_cuda") = static_cast<bool>(FASTCOLLATE_WITH_CUDA);
-  fc::register_ring_ops(m);
-  fc::register_gather_ops(m);
-  fc::register_fixed_gather(m);
-#if FASTCOLLATE_WITH_CUDA
-  fc::register_cuda_ops(m);
-  fc::register_host_ops(m);
-#endif
-  m.attr("align") = fc::kLeafAlign;
-}

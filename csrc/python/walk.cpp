@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "leaves.h"
-#include "pad.h"
-#include "plan.h"
+#include "python/leaves.h"
+#include "python/pad.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {
@@ -43,18 +43,65 @@ bool same_key(PyObject* a, PyObject* b) {
   return std::memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), static_cast<size_t>(n) * PyUnicode_KIND(a)) == 0;
 }
 
+// A Python int or bool as default_collate reads it: false for anything else (IntEnum, a
+// float...: the reference decides) and for an int past int64 (torch raises; the reference says
+// where).
+inline bool read_int(PyObject* v, int64_t* out, bool* is_bool) {
+  *is_bool = PyBool_Check(v);
+  if (*is_bool) {
+    *out = v == Py_True ? 1 : 0;
+    return true;
+  }
+  if (!PyLong_CheckExact(v)) return false;
+  int overflow = 0;
+  *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+  return overflow == 0;
+}
+
+// A tensor leaf being placed: sample 0, the pattern every other sample must match, and where
+// the samples' bytes go. The column walk (tensor_leaf) and the many-field pass (fused_columns)
+// both judge and route each sample through it (Walker::begin_tensor sets it up).
+struct TensorColumn {
+  const at::Tensor* t0 = nullptr;
+  caffe2::TypeMeta dtype;
+  c10::DispatchKeySet keys;
+  size_t per = 0;     // bytes per sample
+  size_t offset = 0;  // of the leaf in the arena
+  bool bits = false;  // conjugate / negative bit: copied by a conversion
+  at::MemoryFormat fmt = at::MemoryFormat::Contiguous;
+  std::vector<int64_t> fmt_strides;  // per sample, torch.stack's format; empty: a contiguous batch
+
+  // Whether sample t (after sample 0) joins the leaf. Another dtype means type promotion (and,
+  // in a worker, casting rules); equal dispatch keys mean the same device, layout, and
+  // conj/neg/zero bits as sample 0; anything else is torch's to decide, via the reference.
+  bool matches(const at::Tensor& t) const {
+    return t.dtype() == dtype && t.key_set() == keys && t.sizes() == t0->sizes() && !t.requires_grad() &&
+           (fmt_strides.empty() || t.suggest_memory_format() == fmt);
+  }
+
+  // How sample t's bytes reach the arena: one memcpy piece when laid out as the batch is; a
+  // strided source as add_strided copies it (a transpose, or ATen's copy_); else (conj/neg bits,
+  // another memory format) an ATen conversion into the batch's layout.
+  enum class Route { Dense, Strided, Convert };
+  Route route(const at::Tensor& t) const {
+    if (!bits && (fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(fmt_strides))) {
+      return Route::Dense;
+    }
+    return fmt_strides.empty() && !bits ? Route::Strided : Route::Convert;
+  }
+
+  Conversion conversion(const at::Tensor& t, size_t dst) const {
+    return {t, t.scalar_type(), t.sizes().vec(), dst, fmt_strides};
+  }
+};
+
 // A column of the fused sample-major pass (see Walker::fused_columns).
 struct FusedColumn {
   enum Kind : uint8_t { kNone, kTensor, kFloat, kInt };
   Kind kind = kNone;
   bool ok = true;
   bool all_bool = true;
-  bool bits = false;  // conjugate / negative bit: copied by a conversion
-  at::MemoryFormat fmt = at::MemoryFormat::Contiguous;
-  std::vector<int64_t> fmt_strides;  // per sample; empty: a contiguous batch
-  const at::Tensor* t0 = nullptr;
-  size_t per = 0;
-  size_t offset = 0;
+  TensorColumn tensor;
   std::vector<Conversion> conversions;
   std::vector<std::pair<const at::Tensor*, size_t>> strided;  // (sample, dst): add_strided on success
   std::vector<double> floats;
@@ -153,6 +200,37 @@ class Walker {
     return std::move(*out);
   }
 
+  // Sample 0 of a tensor leaf of B samples: false when it is off the fast path (the reference
+  // decides); else c describes the leaf and its bytes are reserved in the arena.
+  bool begin_tensor(TensorColumn& c, const at::Tensor& t0, bool numpy, size_t B) {
+    if (!plain_tensor(t0)) return false;
+    c.bits = t0.is_conj() || t0.is_neg();
+    // in a worker default_collate builds its out= from sample 0 (elem.new(storage)), which torch
+    // refuses for a conj/neg view: its error, from the reference, rather than a batch it never gives
+    if (c.bits && !keep_formats_) return false;
+    c.t0 = &t0;
+    c.dtype = t0.dtype();
+    c.keys = t0.key_set();
+    c.per = static_cast<size_t>(t0.numel()) * t0.element_size();
+    if (!numpy) c.fmt_strides = stack_format(t0, &c.fmt);
+    c.offset = plan_.reserve(c.per * B);
+    return true;
+  }
+
+  // The leaf's node, once every sample has been placed.
+  void tensor_node(Node& node, const TensorColumn& c, size_t B) {
+    const c10::IntArrayRef sizes = c.t0->sizes();
+    node.kind = NodeKind::Tensor;
+    node.strides = batch_strides(c.fmt_strides, c.fmt, sizes, B);
+    node.dtype = c.t0->scalar_type();
+    node.sizes.reserve(sizes.size() + 1);
+    node.sizes.push_back(static_cast<int64_t>(B));
+    node.sizes.insert(node.sizes.end(), sizes.begin(), sizes.end());
+    node.nbytes = c.per * B;
+    node.offset = c.offset;
+    ++plan_.tensor_leaves;
+  }
+
   void tensor_leaf(Node& node, Samples samples, Parent parent, bool numpy) {
     const size_t B = samples.size();
     // Borrowed: the samples' Python objects (or `made`, for numpy) own these tensors.
@@ -172,55 +250,37 @@ class Walker {
         ts[i] = &THPVariable_Unpack(samples[i]);
       }
     }
-    const at::Tensor& t0 = *ts[0];
-    if (!plain_tensor(t0)) return defer(node, samples, parent);
-    // Equal dispatch keys mean the same device, layout, and conj/neg/zero bits as sample 0.
-    const c10::DispatchKeySet keys0 = t0.key_set();
-    const caffe2::TypeMeta dtype0 = t0.dtype();
-    const c10::IntArrayRef sizes = t0.sizes();
-    const size_t per = static_cast<size_t>(t0.numel()) * t0.element_size();
-    const bool bits = t0.is_conj() || t0.is_neg();
-    // in a worker default_collate builds its out= from sample 0 (elem.new(storage)), which torch
-    // refuses for a conj/neg view: its error, from the reference, rather than a batch it never gives
-    if (bits && !keep_formats_) return defer(node, samples, parent);
-    at::MemoryFormat fmt;
-    const std::vector<int64_t> fmt_strides = numpy ? std::vector<int64_t>{} : stack_format(t0, &fmt);
     // One pass checks each sample and records its piece; a sample that does not fit rolls the
     // leaf back (every route's pieces: memcpy, transpose, conversion) and defers it, so large
     // batches touch each tensor's metadata once and a deferred leaf has nothing left to copy.
     const Plan::Mark before = plan_.mark();
-    const size_t offset = plan_.reserve(per * B);
+    TensorColumn c;
+    if (!begin_tensor(c, *ts[0], numpy, B)) return defer(node, samples, parent);
     plan_.pieces.reserve(plan_.pieces.size() + B);
     if (!numpy) plan_.keep_objects.reserve(plan_.keep_objects.size() + B);
     for (size_t i = 0; i < B; ++i) {
       const at::Tensor& t = *ts[i];
-      // another dtype means type promotion (and, in a worker, casting rules): torch decides
-      if (i > 0 && (t.dtype() != dtype0 || t.key_set() != keys0 || t.sizes() != sizes || t.requires_grad() ||
-                    (!fmt_strides.empty() && t.suggest_memory_format() != fmt))) {
+      if (i > 0 && !c.matches(t)) {
         plan_.rollback(before);
         return defer(node, samples, parent);
       }
-      if (per == 0) continue;
-      const size_t dst = offset + i * per;
-      if (!bits && (fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(fmt_strides))) {
-        plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, per});
-        if (numpy) plan_.keep_alive.push_back(t);
-        else plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
-      } else if (fmt_strides.empty() && !bits) {
-        add_strided(plan_, t, dst);
-      } else {
-        plan_.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, fmt_strides});
+      if (c.per == 0) continue;
+      const size_t dst = c.offset + i * c.per;
+      switch (c.route(t)) {
+        case TensorColumn::Route::Dense:
+          plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, c.per});
+          if (numpy) plan_.keep_alive.push_back(t);
+          else plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(samples[i]));
+          break;
+        case TensorColumn::Route::Strided:
+          add_strided(plan_, t, dst);
+          break;
+        case TensorColumn::Route::Convert:
+          plan_.conversions.push_back(c.conversion(t, dst));
+          break;
       }
     }
-    node.kind = NodeKind::Tensor;
-    node.strides = batch_strides(fmt_strides, fmt, sizes, B);
-    node.dtype = t0.scalar_type();
-    node.sizes.reserve(sizes.size() + 1);
-    node.sizes.push_back(static_cast<int64_t>(B));
-    node.sizes.insert(node.sizes.end(), sizes.begin(), sizes.end());
-    node.nbytes = per * B;
-    node.offset = offset;
-    ++plan_.tensor_leaves;
+    tensor_node(node, c, B);
   }
 
   void numpy_leaf(Node& node, Samples samples, Parent parent) {
@@ -314,25 +374,26 @@ class Walker {
   }
 
   void int_leaf(Node& node, Samples samples, Parent parent) {
+    std::vector<int64_t> values(samples.size());
     bool all_bool = true;
-    for (PyObject* s : samples) {
-      const bool b = PyBool_Check(s);
-      if (!b && !PyLong_CheckExact(s)) return defer(node, samples, parent);  // IntEnum, floats...
+    for (size_t i = 0; i < samples.size(); ++i) {
+      bool b;
+      if (!read_int(samples[i], &values[i], &b)) return defer(node, samples, parent);
       all_bool = all_bool && b;
     }
+    int_node(node, values, all_bool);
+  }
+
+  // A [B] leaf of the values read_int read: bool when every sample was a bool (default_collate
+  // of bools), else int64 (of ints, or ints mixed with bools).
+  void int_node(Node& node, const std::vector<int64_t>& values, bool all_bool) {
+    const size_t B = values.size();
     if (all_bool) {
-      uint8_t* out = scalar_leaf(node, at::kBool, samples.size());
-      for (PyObject* s : samples) *out++ = (s == Py_True) ? 1 : 0;
+      uint8_t* out = scalar_leaf(node, at::kBool, B);
+      for (size_t i = 0; i < B; ++i) out[i] = static_cast<uint8_t>(values[i]);
       return;
     }
-    std::vector<int64_t> values(samples.size());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      int overflow = 0;
-      values[i] = PyLong_AsLongLongAndOverflow(samples[i], &overflow);
-      if (overflow != 0) return defer(node, samples, parent);  // torch raises; the reference says where
-    }
-    uint8_t* out = scalar_leaf(node, at::kLong, samples.size());
-    std::memcpy(out, values.data(), values.size() * sizeof(int64_t));
+    std::memcpy(scalar_leaf(node, at::kLong, B), values.data(), B * sizeof(int64_t));
   }
 
   void mapping(Node& node, Samples samples, Parent parent, int depth) {
@@ -471,14 +532,9 @@ class Walker {
       PyObject* v0 = table[k * B];
       FusedColumn& c = cols[k];
       if (THPVariable_CheckExact(v0)) {
-        const at::Tensor& t0 = THPVariable_Unpack(v0);
-        if (!plain_tensor(t0) || (!keep_formats_ && (t0.is_conj() || t0.is_neg()))) continue;  // as tensor_leaf
+        // sample 0 off the fast path (a conj/neg view in a worker, say): the column walk decides
+        if (!begin_tensor(c.tensor, THPVariable_Unpack(v0), /*numpy=*/false, B)) continue;
         c.kind = FusedColumn::kTensor;
-        c.t0 = &t0;
-        c.per = static_cast<size_t>(t0.numel()) * t0.element_size();
-        c.bits = t0.is_conj() || t0.is_neg();
-        c.fmt_strides = stack_format(t0, &c.fmt);
-        c.offset = plan_.reserve(c.per * B);
       } else if (PyFloat_CheckExact(v0)) {
         c.kind = FusedColumn::kFloat;
         c.floats.resize(B);
@@ -508,43 +564,41 @@ class Walker {
             continue;
           }
           const at::Tensor& t = THPVariable_Unpack(v);
-          const at::Tensor& t0 = *c.t0;
-          if (i > 0 && (t.dtype() != t0.dtype() || t.key_set() != t0.key_set() || t.sizes() != t0.sizes() ||
-                        t.requires_grad() || (!c.fmt_strides.empty() && t.suggest_memory_format() != c.fmt))) {
+          const TensorColumn& tc = c.tensor;
+          if (i > 0 && !tc.matches(t)) {
             c.ok = false;
             failed_tensor = true;
             continue;
           }
-          if (c.per == 0) continue;
-          const size_t dst = c.offset + i * c.per;
-          if (!c.bits && (c.fmt_strides.empty() ? t.is_contiguous() : t.strides() == c10::IntArrayRef(c.fmt_strides))) {
-            plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, c.per});
-            plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(v));
-          } else if (c.fmt_strides.empty() && !c.bits) {
-            c.strided.push_back({&t, dst});
-          } else {
-            c.conversions.push_back({t, t.scalar_type(), t.sizes().vec(), dst, c.fmt_strides});
+          if (tc.per == 0) continue;
+          const size_t dst = tc.offset + i * tc.per;
+          switch (tc.route(t)) {  // strided and converted samples join the plan once the column is whole
+            case TensorColumn::Route::Dense:
+              plan_.pieces.push_back({static_cast<const uint8_t*>(t.const_data_ptr()), dst, tc.per});
+              plan_.keep_objects.push_back(py::reinterpret_borrow<py::object>(v));
+              break;
+            case TensorColumn::Route::Strided:
+              c.strided.push_back({&t, dst});
+              break;
+            case TensorColumn::Route::Convert:
+              c.conversions.push_back(tc.conversion(t, dst));
+              break;
           }
         } else if (c.kind == FusedColumn::kFloat) {
           if (PyFloat_CheckExact(v)) c.floats[i] = PyFloat_AS_DOUBLE(v);
           else c.ok = false;
         } else {
-          const bool b = PyBool_Check(v);
-          if (!b && !PyLong_CheckExact(v)) {
-            c.ok = false;  // IntEnum, a float...: int_leaf defers it
-            continue;
-          }
-          c.all_bool = c.all_bool && b;
-          int overflow = 0;
-          c.ints[i] = b ? (v == Py_True) : PyLong_AsLongLongAndOverflow(v, &overflow);
-          if (overflow != 0) c.ok = false;  // torch raises; the reference says where
+          bool b;
+          if (read_int(v, &c.ints[i], &b)) c.all_bool = c.all_bool && b;
+          else c.ok = false;  // int_leaf defers it
         }
       }
     }
     if (failed_tensor) {  // rare: drop the pieces of the columns the column walk will redo
       auto dropped = [&](const CopyPiece& p) {
         for (const FusedColumn& c : cols) {
-          if (c.kind == FusedColumn::kTensor && !c.ok && p.dst_offset >= c.offset && p.dst_offset < c.offset + c.per * B)
+          if (c.kind == FusedColumn::kTensor && !c.ok && p.dst_offset >= c.tensor.offset &&
+              p.dst_offset < c.tensor.offset + c.tensor.per * B)
             return true;
         }
         return false;
@@ -559,23 +613,11 @@ class Walker {
       if (c.kind == FusedColumn::kTensor) {
         for (auto& conv : c.conversions) plan_.conversions.push_back(std::move(conv));
         for (const auto& [t, dst] : c.strided) add_strided(plan_, *t, dst);
-        child.kind = NodeKind::Tensor;
-        child.dtype = c.t0->scalar_type();
-        const c10::IntArrayRef sizes = c.t0->sizes();
-        child.sizes.reserve(sizes.size() + 1);
-        child.sizes.push_back(static_cast<int64_t>(B));
-        child.sizes.insert(child.sizes.end(), sizes.begin(), sizes.end());
-        child.strides = batch_strides(c.fmt_strides, c.fmt, sizes, B);
-        child.nbytes = c.per * B;
-        child.offset = c.offset;
-        ++plan_.tensor_leaves;
+        tensor_node(child, c.tensor, B);
       } else if (c.kind == FusedColumn::kFloat) {
         std::memcpy(scalar_leaf(child, at::kDouble, B), c.floats.data(), B * sizeof(double));
-      } else if (c.all_bool) {
-        uint8_t* out = scalar_leaf(child, at::kBool, B);
-        for (size_t i = 0; i < B; ++i) out[i] = static_cast<uint8_t>(c.ints[i]);
       } else {
-        std::memcpy(scalar_leaf(child, at::kLong, B), c.ints.data(), B * sizeof(int64_t));
+        int_node(child, c.ints, c.all_bool);
       }
     }
   }

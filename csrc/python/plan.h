@@ -9,14 +9,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "copy_engine.h"
-#include "transpose.h"
+#include "engine/arena.h"
 
 namespace fastcollate {
 
 namespace py = pybind11;
-
-constexpr size_t kLeafAlign = 64;
 
 enum class NodeKind : uint8_t {
   Tensor,            // a leaf living in the arena
@@ -46,32 +43,21 @@ struct Node {
   std::vector<Node> children;
 };
 
-// A copy that memcpy cannot do: a strided or conjugated source, or a dtype conversion.
-struct Conversion {
-  at::Tensor src;
-  at::ScalarType dtype;
-  std::vector<int64_t> sizes;
-  size_t dst_offset;
-  std::vector<int64_t> strides = {};  // of the destination view; empty: contiguous
-};
-
 struct ScalarPiece {
   size_t src_offset;  // into Plan::scalars
   size_t dst_offset;
   size_t nbytes;
 };
 
-struct Plan {
+// The writes into the arena (pieces, conversions, transposes, fills: engine/arena.h), run by
+// the engine without the GIL, and what the walk needs around them.
+struct Plan : ArenaWrites {
   Node root;
   size_t nbytes = 0;          // arena size
   size_t tensor_leaves = 0;   // leaves placed in the arena
   size_t deferred = 0;        // leaves (or subtrees) the Python reference computed
-  std::vector<CopyPiece> pieces;
   std::vector<ScalarPiece> scalar_pieces;
   std::vector<uint8_t> scalars;
-  std::vector<Conversion> conversions;
-  std::vector<TransposePiece> transposes;
-  std::vector<FillPiece> fills;
   // Owners of every CopyPiece::src, so the GIL-free copy reads live memory even if another
   // thread drops the samples meanwhile: the tensors' Python objects (cheap, non-atomic
   // references) or, for tensors made here (numpy, reference results), the tensors.
@@ -122,15 +108,7 @@ struct PadConfig;
 // a contiguous out= tensor, so everything is contiguous there.
 Plan build_plan(py::handle batch, py::handle defer_fn, const PadConfig* pad = nullptr, bool keep_formats = true);
 
-// Copies every leaf into the arena. Touches no Python object: call with the GIL released.
-// stream_ok: large batches may use non-temporal stores (the main process's arenas).
-void run_copies(Plan& plan, const at::Tensor& arena, int num_threads, bool stream_ok = false);
-
 // Rebuilds the containers around views of the arena (GIL held).
 py::object assemble(Plan& plan, const at::Tensor& arena, py::handle batch);
-
-// A view of the arena: dtype, sizes (contiguous, or the given strides), at a byte offset.
-at::Tensor arena_view(const at::Tensor& arena, size_t offset, at::ScalarType dtype, c10::IntArrayRef sizes,
-                      c10::IntArrayRef strides = {});
 
 }  // namespace fastcollate

@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "plan.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 

@@ -1,7 +1,7 @@
 // Recycled pageable arenas. A batch's arena goes back to the pool only when the storage that
 // owns it dies (its DataPtr deleter runs), i.e. after the last view into it is gone, so a
-// recycled arena is never one that something can still read. On this kind of machine most of
-// a fresh allocation's cost is page-faulting it; reuse skips that.
+// recycled arena is never one that something can still read. Most of a fresh allocation's
+// cost is page-faulting it; reuse skips that.
 #pragma once
 
 #include <ATen/ATen.h>

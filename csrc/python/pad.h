@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "plan.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 

@@ -1,39 +1,17 @@
-// The worker ring's slot states, in a small shared control block (int64 words) that every
-// process of a DataLoader maps: lock-free atomics work across processes on shared memory; and
-// the tensors over its slots (a worker's claimed slot, the main process's lease and views).
-//   ctrl[0..7]  counters: 0 hits, 1 full (no free slot), 2 oversize, 3 bytes, 4 K, 5 claim hint
-//   ctrl[8+i]   slot i: 0 free, >0 the pid of the worker that filled it, -1 held by the main
-//               process (its views, then -- for page-locked rings -- the copies still reading it)
+// The worker ring's tensors (GIL held): a worker's claimed slot as a view, the main process's
+// lease of a filled slot -- a storage whose deleter frees the slot, or hands it to a fenced
+// ring's Python hook -- and the views of a leased batch. The slot states themselves are the
+// engine's (engine/ring_state.h).
 #include <torch/csrc/utils/pybind.h>
 
-#include <atomic>
 #include <memory>
 
-#include "plan.h"
+#include "bindings/register.h"
+#include "engine/ring_state.h"
+#include "python/plan.h"
 
 namespace fastcollate {
 namespace {
-
-constexpr int64_t kHeader = 8;
-constexpr int64_t kMain = -1;
-static_assert(std::atomic<int64_t>::is_always_lock_free, "cross-process slot states need lock-free atomics");
-
-std::atomic<int64_t>* words(const at::Tensor& ctrl) {
-  TORCH_CHECK(ctrl.device().is_cpu() && ctrl.scalar_type() == at::kLong && ctrl.is_contiguous() && ctrl.numel() >= kHeader,
-              "fastcollate ring: the control block must be a contiguous int64 CPU tensor");
-  return reinterpret_cast<std::atomic<int64_t>*>(ctrl.data_ptr<int64_t>());
-}
-
-int64_t slots(const at::Tensor& ctrl) {
-  const int64_t k = words(ctrl)[4].load();
-  TORCH_CHECK(k >= 0 && kHeader + k <= ctrl.numel(), "fastcollate ring: corrupt control block");
-  return k;
-}
-
-std::atomic<int64_t>& state(const at::Tensor& ctrl, int64_t slot) {
-  TORCH_CHECK(slot >= 0 && slot < slots(ctrl), "fastcollate ring: slot ", slot, " out of range");
-  return words(ctrl)[kHeader + slot];
-}
 
 // Keeps the ring and control mappings alive as long as a batch's views do. `on_release`, when
 // set (page-locked rings), decides when the slot is free again: an asynchronous copy may still
@@ -48,8 +26,7 @@ struct SlotLease {
 void end_lease(void* ctx) {
   std::unique_ptr<SlotLease> lease(static_cast<SlotLease*>(ctx));
   if (lease->on_release == nullptr) {
-    int64_t expected = kMain;
-    words(lease->ctrl)[kHeader + lease->slot].compare_exchange_strong(expected, 0);
+    ring_transfer(lease->ctrl, lease->slot, kRingHeldByMain, 0);
     return;
   }
   // The slot stays held (-1) unless the hook frees it: a lost fence leaks a slot, never reuses
@@ -67,36 +44,6 @@ void end_lease(void* ctx) {
 
 }  // namespace
 
-int64_t ring_claim(const at::Tensor& ctrl, int64_t tag) {
-  TORCH_CHECK(tag > 0, "fastcollate ring: a claim tag must be a positive pid");
-  std::atomic<int64_t>* w = words(ctrl);
-  const int64_t k = slots(ctrl);
-  if (k == 0) return -1;
-  const int64_t start = w[5].fetch_add(1) % k;  // spread workers over the slots
-  for (int64_t j = 0; j < k; ++j) {
-    const int64_t i = (start + j) % k;
-    int64_t expected = 0;
-    if (w[kHeader + i].compare_exchange_strong(expected, tag)) return i;
-  }
-  return -1;
-}
-
-bool ring_transfer(const at::Tensor& ctrl, int64_t slot, int64_t from, int64_t to) {
-  int64_t expected = from;
-  return state(ctrl, slot).compare_exchange_strong(expected, to);
-}
-
-void ring_add(const at::Tensor& ctrl, int64_t counter, int64_t value) {
-  TORCH_CHECK(counter >= 0 && counter < 4, "fastcollate ring: no counter ", counter);
-  words(ctrl)[counter].fetch_add(value);
-}
-
-std::vector<int64_t> ring_states(const at::Tensor& ctrl) {
-  std::vector<int64_t> out(slots(ctrl));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = words(ctrl)[kHeader + i].load();
-  return out;
-}
-
 // The main process takes slot `slot` (filled by worker `from`) for a batch: a uint8 tensor over
 // its bytes whose storage, when the last view dies, frees the slot.
 at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t slot, int64_t from, int64_t slot_bytes,
@@ -105,8 +52,8 @@ at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t sl
               "fastcollate ring: the ring must be a contiguous uint8 CPU tensor");
   TORCH_CHECK(nbytes >= 0 && nbytes <= slot_bytes && (slot + 1) * slot_bytes <= ring.numel(),
               "fastcollate ring: a batch of ", nbytes, " bytes does not fit slot ", slot);
-  TORCH_CHECK(ring_transfer(ctrl, slot, from, kMain), "fastcollate ring: slot ", slot, " is not held by pid ", from,
-              " (state ", state(ctrl, slot).load(), ")");
+  TORCH_CHECK(ring_transfer(ctrl, slot, from, kRingHeldByMain), "fastcollate ring: slot ", slot, " is not held by pid ", from,
+              " (state ", ring_state(ctrl, slot), ")");
   uint8_t* data = ring.data_ptr<uint8_t>() + slot * slot_bytes;
   PyObject* hook = on_release.is_none() ? nullptr : on_release.inc_ref().ptr();
   auto lease = std::make_unique<SlotLease>(SlotLease{ring, ctrl, slot, hook});
@@ -154,7 +101,18 @@ void register_ring_ops(pybind11::module_& m) {
   m.def("ring_lease", &ring_lease, pybind11::arg("ring"), pybind11::arg("ctrl"), pybind11::arg("slot"),
         pybind11::arg("from_"), pybind11::arg("slot_bytes"), pybind11::arg("nbytes"),
         pybind11::arg("on_release") = pybind11::none());
-  m.attr("ring_header") = kHeader;
+  // the control block's words by name, for the Python side (fastcollate/workers/ring.py)
+  py::dict words;
+  words["hits"] = static_cast<int64_t>(kRingHits);
+  words["full"] = static_cast<int64_t>(kRingFull);
+  words["oversize"] = static_cast<int64_t>(kRingOversize);
+  words["bytes"] = static_cast<int64_t>(kRingBytes);
+  words["counters"] = static_cast<int64_t>(kRingCounters);
+  words["slots"] = static_cast<int64_t>(kRingSlots);
+  words["claim_hint"] = static_cast<int64_t>(kRingClaimHint);
+  words["header"] = static_cast<int64_t>(kRingHeader);
+  m.attr("ring_words") = words;
+  m.attr("ring_held_by_main") = kRingHeldByMain;
 }
 
 }  // namespace fastcollate
