@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .. import _ext, _trace
+from ..core.shm import shared_segment
 from ..core.tree import map_tensors
 from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
@@ -64,22 +65,6 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _segment(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over shared memory that torch can send to workers (fd passing): a sparse
-    memfd where Linux has one (no pages until written, no /dev/shm quota), else torch's own
-    shared segment (allocated up front)."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("fastcollate-ring", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, nbytes)
-            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
-        finally:
-            os.close(fd)
-    else:  # pragma: no cover - not Linux
-        storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
-
-
 def _free_held(ctrl: torch.Tensor, slot: int) -> None:
     _ext._C.ring_transfer(ctrl, slot, _ext._C.ring_held_by_main, 0)
 
@@ -97,9 +82,9 @@ class Ring:
         self.id = uuid.uuid4().hex
         self.slots = int(slots)
         self.slot_bytes = int(-(-slot_bytes // SLOT_ALIGN) * SLOT_ALIGN)
-        self.mem = _segment(self.slots * self.slot_bytes)
+        self.mem = shared_segment(self.slots * self.slot_bytes)
         words = _ext._C.ring_words  # the control block's layout, named by csrc/engine/ring_state.h
-        self.ctrl = _segment((words["header"] + self.slots) * 8).view(torch.int64)  # zero-filled
+        self.ctrl = shared_segment((words["header"] + self.slots) * 8).view(torch.int64)  # zero-filled
         self.ctrl[words["slots"]] = self.slots
         self.owner = os.getpid()
         self.pin_requested = bool(pin)
