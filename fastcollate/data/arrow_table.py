@@ -1,0 +1,187 @@
+"""A ``pyarrow.Table`` batch read as gather columns (what Ray Data hands an
+``ArrowBatchCollateFn``): every column's rows as addresses into its Arrow buffers, every chunk,
+sliced chunks included, without a Python object per row. The gather itself
+(fastcollate.data.columnar) moves the bytes into one arena.
+
+A column holds numbers (a ``[B]`` batch), fixed-size lists of numbers, nested too (``[B, d1, d2...]``),
+fixed-shape tensors -- Ray's tensor extension (``ArrowTensorType``/``V2``) and Arrow's own
+``fixed_shape_tensor`` -- (``[B, *shape]``), or lists of those (rows of a variable first
+dimension: stacked when all are as long, padded when the column is named in ``pad=``). Every
+chunk is checked once per batch by :func:`fastcollate.data.hf.check_list_chunk` (buffers that hold
+what the lengths say, offsets that stay within the values) before anything is read through it,
+and the offsets it returns are the ones the rows are read with. Nulls, strings, nested
+variable lists, variable-shaped tensors and every other type are refused with the column named.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .columnar import BatchColumn
+from .columns import torch_dtype_of
+from .hf import ArrowDataError, check_list_chunk
+
+_RAY_TENSORS = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
+_NATIVE_TENSOR = "arrow.fixed_shape_tensor"
+_WHAT = ("numbers, fixed-size lists of numbers, fixed-shape tensor columns (Ray's tensor extension, Arrow's "
+         "fixed_shape_tensor) and lists of those")
+
+
+def _numeric(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _unsupported(name: str, typ: Any, why: str = "") -> TypeError:
+    return TypeError(f"fastcollate: Arrow column {name!r} is {typ}{why}; ArrowCollate collates {_WHAT} (drop or "
+                     "select columns: columns=, Dataset.select_columns)")
+
+
+class _Layout:
+    """What a column's type says about its rows: the storage type the chunks are read through,
+    a fixed row shape (None: a variable first dimension), the element dtype."""
+
+    def __init__(self, name: str, typ: Any) -> None:
+        import pyarrow as pa
+
+        self.name, self.extension = name, isinstance(typ, pa.BaseExtensionType)
+        storage = typ.storage_type if self.extension else typ
+        self.tensor: tuple[int, ...] | None = None  # a tensor extension's row shape
+        if self.extension:
+            ext = getattr(typ, "extension_name", "")
+            if ext in _RAY_TENSORS or ext == _NATIVE_TENSOR:
+                perm = getattr(typ, "permutation", None)
+                if perm is not None and list(perm) != list(range(len(perm))):
+                    raise _unsupported(name, typ, f" with dimensions permuted ({list(perm)})")
+                self.tensor = tuple(int(d) for d in typ.shape)
+            else:
+                why = " (a variable-shaped tensor column)" if "variable_shaped" in ext else ""
+                raise _unsupported(name, typ, why)
+        self.variable = pa.types.is_list(storage) or pa.types.is_large_list(storage)
+        inner = storage.value_type if self.variable else storage
+        dims: list[int] = []
+        while pa.types.is_fixed_size_list(inner):
+            dims.append(int(inner.list_size))
+            inner = inner.value_type
+        if not _numeric(inner):
+            nested = pa.types.is_list(inner) or pa.types.is_large_list(inner)
+            raise _unsupported(name, typ, " (lists inside lists: only the outer list may vary)" if nested else "")
+        if self.tensor is not None:
+            per_row = int(np.prod(self.tensor, dtype=np.int64))
+            if dims and not self.variable and int(np.prod(dims, dtype=np.int64)) != per_row:
+                raise _unsupported(name, typ, f" whose storage rows hold {int(np.prod(dims))} values, not "
+                                              f"{per_row}")
+            if self.variable and dims:
+                raise _unsupported(name, typ, " (tensor storage of nested lists)")
+        self.dims = tuple(dims)  # fixed-size list dims under the (variable) row
+        self.leaf = inner
+        dtype = torch.bool if pa.types.is_boolean(inner) else torch_dtype_of(np.dtype(inner.to_pandas_dtype()))
+        if dtype is None:  # pragma: no cover - every Arrow number type has a numpy one
+            raise _unsupported(name, typ)
+        self.dtype = dtype
+        self.item = dtype.itemsize
+
+    def shape(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+        """(fixed row shape or None, trailing dims after a variable first dimension)."""
+        if self.tensor is not None:
+            return self.tensor, ()
+        if self.variable:
+            return None, self.dims
+        return self.dims, ()
+
+
+def _elements(array: Any, layout: _Layout, keep: list) -> tuple[int, int]:
+    """(address of logical row 0's first element, elements per row) of a numeric or
+    fixed-size-list array, its slice offset and its children's applied. Bools are unpacked from
+    their bits into a byte array held in ``keep``."""
+    import pyarrow as pa
+
+    typ = array.type
+    if pa.types.is_fixed_size_list(typ):
+        addr, per = _elements(array.values, layout, keep)
+        size = int(typ.list_size)
+        return addr + array.offset * size * per * layout.item, size * per
+    if pa.types.is_boolean(typ):
+        flat = np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype=np.bool_)
+        keep.append(flat)
+        return flat.ctypes.data, 1
+    return array.buffers()[1].address + array.offset * layout.item, 1
+
+
+def _nulls(array: Any, name: str, chunk: int) -> None:
+    import pyarrow as pa
+
+    if array.null_count:
+        rows = np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))
+        raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: {array.null_count} null row(s) (first: "
+                         f"row {int(rows[0])} of the chunk); ArrowCollate refuses nulls (Ray's default collate "
+                         "makes them NaN, turning integers into float64): fill or drop them first "
+                         "(Dataset.map_batches, Dataset.filter)")
+    typ = array.type
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        values = array.values
+        if values.null_count:
+            raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: its lists hold null values; "
+                             "ArrowCollate refuses nulls (fill or drop them first)")
+        _nulls(values, name, chunk)
+
+
+def table_columns(table: Any, names: Sequence[str] | None = None) -> tuple[int, list[BatchColumn]]:
+    """(rows, the columns ``names`` of ``table`` -- all by default -- as gather columns)."""
+    import pyarrow as pa
+
+    if not isinstance(table, pa.Table):
+        raise TypeError(f"fastcollate: expected a pyarrow.Table batch, got {type(table).__name__}")
+    if names is None:
+        names = table.column_names
+    else:
+        missing = [n for n in names if n not in table.column_names]
+        if missing:
+            raise KeyError(f"fastcollate: the batch has no column {missing[0]!r}; it has {table.column_names}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise ValueError(f"fastcollate: the batch has duplicate column names: {table.column_names}")
+    out = []
+    for name in names:
+        out.append(_column(table.column(name), name))
+    return table.num_rows, out
+
+
+def _column(column: Any, name: str) -> BatchColumn:
+    layout = _Layout(name, column.type)
+    fixed, trailing = layout.shape()
+    ptrs, lens, keep = [], [], []
+    per_row = int(np.prod(fixed, dtype=np.int64)) if fixed is not None else 1
+    for k, chunk in enumerate(column.chunks):
+        array = chunk.storage if layout.extension else chunk
+        offsets = check_list_chunk(array, name, k)  # before anything reads through it
+        if not len(array):
+            continue
+        _nulls(array, name, k)
+        if layout.variable:
+            addr, per = _elements(array.values, layout, keep)
+            if layout.tensor is not None:
+                n = np.diff(offsets)
+                bad = np.flatnonzero(n != per_row)
+                if bad.size:
+                    raise ArrowDataError(f"fastcollate: Arrow column {name!r}, chunk {k}: tensor row {int(bad[0])} "
+                                         f"holds {int(n[bad[0]])} values, its shape {list(fixed)} needs {per_row}: "
+                                         "the data is truncated or corrupt")
+            else:
+                lens.append(np.diff(offsets))
+            ptrs.append(addr + offsets[:-1] * (per * layout.item))
+        else:
+            addr, per = _elements(array, layout, keep)
+            ptrs.append(addr + np.arange(len(array), dtype=np.int64) * (per * layout.item))
+    ptr = _joined(ptrs)
+    if layout.variable and layout.tensor is None:
+        return BatchColumn(name, layout.dtype, ptr, _joined(lens), None, trailing, keep)
+    return BatchColumn(name, layout.dtype, ptr, None, fixed, (), keep)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

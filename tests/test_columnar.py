@@ -1,0 +1,273 @@
+"""The columnar collate (fastcollate.data.columnar, arrow_table): pyarrow Tables and numpy dicts
+-> one arena, without Ray. Unpadded columns against ``torch.as_tensor`` of the column as numpy
+(Ray's default collate's rule, compared with Ray itself in tests/integration/test_ray.py); padded
+columns against the padding reference on the rows as numpy arrays; bad input refused with the
+column named."""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import fastcollate
+from fastcollate.data.columnar import ColumnarCollator
+from fastcollate.data.hf import ArrowDataError
+from fastcollate.device.transport import find_arena
+from helpers import assert_same
+
+pa = pytest.importorskip("pyarrow")
+pc = pytest.importorskip("pyarrow.compute")
+
+NUMERIC = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint16, np.uint32, np.uint64, np.float16,
+           np.float32, np.float64]
+
+
+def _values(rng, dtype, n):
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if np.issubdtype(dtype, np.floating):
+        return (rng.standard_normal(n) * 100).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -1000), min(info.max, 1000), n, endpoint=True).astype(dtype)
+
+
+def _column_numpy(col):
+    """A pyarrow column as numpy rows, what Ray's numpy format and the references read."""
+    typ = col.type
+    if isinstance(typ, pa.BaseExtensionType):
+        shape = tuple(typ.shape)  # the storage's rows, in the tensor's shape (to_numpy_ndarray has no bools)
+        return np.concatenate([_fixed_numpy(c.storage).reshape(len(c), *shape) for c in col.chunks])
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        dtype = np.dtype(typ.value_type.to_pandas_dtype()) if not pa.types.is_fixed_size_list(typ.value_type) else None
+        rows = []
+        for chunk in col.chunks:
+            offs = chunk.offsets.to_numpy()
+            flat = _fixed_numpy(chunk.values) if dtype is None else chunk.values.to_numpy(zero_copy_only=False)
+            rows += [np.asarray(flat[offs[i]:offs[i + 1]], dtype=dtype or flat.dtype) for i in range(len(chunk))]
+        out = np.empty(len(rows), dtype=object)
+        out[:] = rows
+        return out
+    if pa.types.is_fixed_size_list(typ):
+        return np.concatenate([_fixed_numpy(c) for c in col.chunks])
+    return col.to_numpy()
+
+
+def _fixed_numpy(arr):
+    if not pa.types.is_fixed_size_list(arr.type):
+        return arr.to_numpy(zero_copy_only=False)
+    flat = _fixed_numpy(arr.flatten())
+    return flat.reshape(len(arr), arr.type.list_size, *flat.shape[1:])
+
+
+def _as_tensor(np_col):
+    if np_col.dtype == object:
+        np_col = np.array([np.asarray(v) for v in np_col])  # Ray's unwrap of equal-shape rows
+    return torch.as_tensor(np.array(np_col))  # a writable copy: the same values
+
+
+def _chunked(table, rng):
+    """The same rows as several chunks, some of them sliced."""
+    n = table.num_rows
+    cuts = sorted(set(rng.integers(0, n + 1, 3).tolist()) | {0, n})
+    parts = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        pad_lo = int(rng.integers(0, 3))
+        block = pa.concat_tables([table.slice(0, pad_lo), table.slice(lo, hi - lo), table.slice(0, 2)])
+        parts.append(block.combine_chunks().slice(pad_lo, hi - lo))  # a slice of its chunk
+    return pa.concat_tables(parts)
+
+
+def _table(rng, rows, ragged):
+    cols = {}
+    for j in range(int(rng.integers(1, 5))):
+        dtype = NUMERIC[int(rng.integers(len(NUMERIC)))]
+        kind = int(rng.integers(4 if ragged else 3))
+        if kind == 0:
+            cols[f"s{j}"] = pa.array(_values(rng, dtype, rows))
+        elif kind == 1:
+            d = int(rng.integers(1, 5))
+            cols[f"f{j}"] = pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, dtype, rows * d)), d)
+        elif kind == 2:
+            shape = (2, int(rng.integers(1, 4)))
+            vals = pa.array(_values(rng, dtype, rows * shape[0] * shape[1]))
+            cols[f"t{j}"] = pa.FixedShapeTensorArray.from_storage(pa.fixed_shape_tensor(vals.type, shape),
+                                                                  pa.FixedSizeListArray.from_arrays(vals, shape[0] * shape[1]))
+        else:
+            lens = rng.integers(0, 6, rows)
+            offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            cols[f"l{j}"] = pa.ListArray.from_arrays(pa.array(offs), pa.array(_values(rng, dtype, int(offs[-1]))))
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_unpadded_columns_equal_as_tensor_of_numpy(seed):
+    rng = np.random.default_rng(seed)
+    table = _chunked(_table(rng, int(rng.integers(1, 40)), ragged=False), rng)
+    want = {name: _as_tensor(_column_numpy(table.column(name))) for name in table.column_names}
+    got = ColumnarCollator().arrow(table)
+    assert_same(got, want)
+    assert find_arena(got) is not None
+
+
+def _reference(table, **kw):
+    """Row columns through the padding reference (rows as numpy arrays), number columns as
+    torch.as_tensor of the column (default_collate refuses numpy uint64 scalars), in the table's
+    order, the mask and lengths after."""
+    cols = {name: _column_numpy(table.column(name)) for name in table.column_names}
+    rows = [k for k, v in cols.items() if v.dtype == object or v.ndim > 1]
+    ref = fastcollate.Collator(backend="python", **kw)([{k: cols[k][i] for k in rows} for i in range(table.num_rows)])
+    out = {k: ref[k] if k in rows else torch.as_tensor(np.array(v)) for k, v in cols.items()}
+    out.update((k, v) for k, v in ref.items() if k not in out)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_padded_columns_equal_the_padding_reference(seed):
+    rng = np.random.default_rng(100 + seed)
+    table = _chunked(_table(rng, int(rng.integers(1, 30)), ragged=True), rng)
+    lists = [n for n in table.column_names if n.startswith(("l", "f"))]
+    if not lists:
+        table = table.append_column("ids", pa.array([list(range(int(k))) for k in rng.integers(0, 9, table.num_rows)]))
+        lists = ["ids"]
+    ragged = [n for n in table.column_names if n.startswith("l") and len(set(pc.list_value_length(
+        table.column(n)).to_pylist())) > 1]  # padded always; the others sometimes (stacked otherwise)
+    kw = dict(pad={n: int(rng.integers(0, 2)) for n in lists if n in ragged or rng.random() < 0.5} or {lists[0]: 1},
+              pad_to_multiple_of=[None, 4][int(rng.integers(2))], padding_side=["right", "left"][int(rng.integers(2))],
+              lengths_key=["n", None][int(rng.integers(2))], mask_dtype=[torch.int64, torch.bool][int(rng.integers(2))])
+    if rng.random() < 0.3:
+        kw["max_length"] = 4
+    got = ColumnarCollator(**kw).arrow(table)
+    assert_same(got, _reference(table, **kw))
+    assert find_arena(got) is not None
+
+
+def test_tokenizer_columns_padded_when_present_and_dtypes_after_padding():
+    table = pa.table({"input_ids": pa.array([[5, 6, 7], [8]], pa.list_(pa.int32())),
+                      "attention_mask": pa.array([[1, 1, 1], [1]], pa.list_(pa.int8())),
+                      "label": pa.array([0.5, 1.5], pa.float32())})
+    kw = dict(pad={"input_ids": 3}, pad_to_multiple_of=4)
+    got = ColumnarCollator(**kw).arrow(table)
+    assert_same(got, _reference(table, **kw))
+    assert list(got) == ["input_ids", "attention_mask", "label"]  # the carried mask padded, not made again
+    conv = ColumnarCollator(dtypes={"input_ids": torch.int64, "label": torch.bfloat16}, **kw).arrow(table)
+    ref = _reference(table, **kw)
+    assert_same(conv["input_ids"], ref["input_ids"].to(torch.int64))
+    assert_same(conv["label"], ref["label"].to(torch.bfloat16))
+
+
+def test_dtypes_convert_as_torch_as_tensor():
+    rng = np.random.default_rng(3)
+    table = _chunked(pa.table({"a": pa.array(_values(rng, np.int16, 20)), "b": pa.array(_values(rng, np.float16, 20)),
+                               "c": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.uint8, 60)), 3)}), rng)
+    for dtype in (torch.float32, torch.int32, torch.bfloat16, torch.float64):
+        want = {n: torch.as_tensor(_column_numpy(table.column(n)), dtype=dtype) for n in table.column_names}
+        assert_same(ColumnarCollator(dtypes=dtype).arrow(table), want)
+    with pytest.raises(ValueError, match="no conversion into torch.bool"):
+        ColumnarCollator(dtypes={"a": torch.bool})
+    with pytest.raises(KeyError, match="'nope'"):
+        ColumnarCollator(dtypes={"nope": torch.float32}).arrow(table)
+
+
+def test_ray_tensor_storage_and_nested_fixed_lists():
+    # Ray's tensor extension stores rows as a (large) list with offsets: a slice starts mid-buffer
+    vals = np.arange(4 * 2 * 3, dtype=np.float32)
+    storage = pa.LargeListArray.from_arrays(pa.array(np.arange(0, 25, 6), pa.int64()), pa.array(vals))
+    table = pa.table({"x": storage}).slice(1, 3)
+    got = ColumnarCollator(columns=["x"]).arrow(table)
+    assert_same(got["x"], torch.from_numpy(vals.reshape(4, 6)[1:]).clone())
+    nested = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(vals), 3), 2)
+    got = ColumnarCollator().arrow(pa.table({"n": nested}).slice(1, 2))
+    assert_same(got["n"], torch.from_numpy(vals.reshape(4, 2, 3)[1:3]).clone())
+
+
+def _tampered(offsets, patched, first=None):
+    """A list column whose offsets buffer is patched after the table was built (and validated)."""
+    raw = np.array(offsets, dtype=np.int32)
+    arr = pa.Array.from_buffers(pa.list_(pa.int64()), len(raw) - 1, [None, pa.py_buffer(raw)],
+                                children=[pa.array(np.arange(raw[-1], dtype=np.int64))])
+    table = pa.table({"ids": arr if first is None else pa.chunked_array([first, arr])})
+    raw[:] = patched
+    return table
+
+
+def test_bad_arrow_input_is_refused_with_the_column_named():
+    c = ColumnarCollator(pad={"ids": 0})
+    with pytest.raises(ArrowDataError, match=r"column 'ids', chunk 1: list offsets run past the values"):
+        c.arrow(_tampered([0, 2, 6], [0, 2, 4000], first=pa.array([[1], [2, 3]])))
+    with pytest.raises(ArrowDataError, match=r"column 'ids', chunk 0: list offsets decrease at row 1"):
+        c.arrow(_tampered([0, 2, 6], [0, 4, 2]))
+    plain = ColumnarCollator()
+    cases = [
+        (pa.table({"a": [1, None]}), ValueError, r"column 'a', chunk 0: 1 null row"),
+        (pa.table({"l": [[1, None], [2, 3]]}), ValueError, r"column 'l', chunk 0: its lists hold null values"),
+        (pa.table({"f": pa.array([[1, 2], None], pa.list_(pa.int64(), 2))}), ValueError, r"column 'f'.*null"),
+        (pa.table({"s": ["a", "b"]}), TypeError, r"column 's' is string"),
+        (pa.table({"d": pa.array(["a", "b"]).dictionary_encode()}), TypeError, r"column 'd' is dictionary"),
+        (pa.table({"l": [[[1]], [[2]]]}), TypeError, r"column 'l' .*lists inside lists"),
+        (pa.table({"l": [[1, 2], [3]]}), RuntimeError, r"column 'l': rows have different lengths"),
+        (pa.table({"a": [1, 2], "m": [[1], [2]]}), KeyError, r"no column 'x'"),
+    ]
+    for table, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            (ColumnarCollator(columns=["x"]) if exc is KeyError else plain).arrow(table)
+    with pytest.raises(TypeError, match=r"padded column 'y' holds one number per row"):
+        ColumnarCollator(pad={"y": 0}).arrow(pa.table({"y": [1, 2]}))
+    with pytest.raises(KeyError, match=r"padded column 'ids' is not in the batch"):
+        c.arrow(pa.table({"y": [1, 2]}))
+    with pytest.raises(ValueError, match=r"already has a 'attention_mask' column"):
+        ColumnarCollator(pad={"ids": 0}, pad_if_present={}).arrow(pa.table({"ids": [[1], [2]], "attention_mask": [1, 1]}))
+    with pytest.raises(ValueError, match=r"column 'ids'.*pad value -1 does not fit"):
+        ColumnarCollator(pad={"ids": -1}).arrow(pa.table({"ids": pa.array([[1], [2, 3]], pa.list_(pa.uint8()))}))
+    with pytest.raises(TypeError, match="pyarrow.Table"):
+        plain.arrow({"a": np.arange(3)})
+
+
+def test_numpy_batches():
+    rng = np.random.default_rng(0)
+    batch = {"x": _values(rng, np.float32, 24).reshape(8, 3)[:, ::-1],  # rows not contiguous: copied first
+             "img": _values(rng, np.uint8, 8 * 12).reshape(8, 3, 2, 2), "y": _values(rng, np.int64, 8),
+             "b": _values(rng, np.bool_, 8), "be": _values(rng, np.int32, 8).astype(">i4")}
+    got = ColumnarCollator().numpy({k: v for k, v in batch.items() if k != "be"})
+    assert_same(got, {k: torch.as_tensor(v.copy()) for k, v in batch.items() if k != "be"})
+    assert find_arena(got) is not None
+    assert ColumnarCollator().numpy({"be": batch["be"]})["be"].tolist() == batch["be"].tolist()
+    ragged = np.empty(8, dtype=object)
+    ragged[:] = [_values(rng, np.int32, int(k)) for k in rng.integers(0, 6, 8)]
+    samples = [{"ids": ragged[i], "y": batch["y"][i]} for i in range(8)]
+    for kw in (dict(pad={"ids": 0}), dict(pad={"ids": -7}, padding_side="left", pad_to_multiple_of=8, lengths_key="n")):
+        assert_same(ColumnarCollator(**kw).numpy({"ids": ragged, "y": batch["y"]}),
+                    fastcollate.Collator(backend="python", **kw)(samples))
+    equal = np.empty(3, dtype=object)
+    equal[:] = [np.arange(4, dtype=np.int16) + i for i in range(3)]
+    assert_same(ColumnarCollator().numpy({"e": equal}), {"e": torch.as_tensor(np.stack(list(equal)))})
+    with pytest.raises(RuntimeError, match=r"column 'ids': rows have different lengths"):
+        ColumnarCollator().numpy({"ids": ragged})
+    with pytest.raises(TypeError, match=r"column 's' is a numpy array of <U1"):
+        ColumnarCollator().numpy({"s": np.array(["a", "b"])})
+    with pytest.raises(TypeError, match=r"column 'c' is a numpy array of complex64"):
+        ColumnarCollator().numpy({"c": np.zeros(2, np.complex64)})
+    mixed = np.empty(2, dtype=object)
+    mixed[:] = [np.arange(2, dtype=np.int32), np.arange(3, dtype=np.int64)]
+    with pytest.raises(TypeError, match=r"column 'm': row 1 has dtype int64, row 0 has torch.int32"):
+        ColumnarCollator(pad={"m": 0}).numpy({"m": mixed})
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        ColumnarCollator().numpy({"a": np.arange(2), "b": np.arange(3)})
+
+
+def test_pickles_and_pins_as_collator_does():
+    c = pickle.loads(pickle.dumps(ColumnarCollator(pad={"ids": 0}, dtypes={"ids": torch.int32}, lengths_key="n")))
+    out = c.arrow(pa.table({"ids": [[1, 2], [3]]}))
+    assert out["ids"].dtype == torch.int32 and out["n"].tolist() == [2, 1]
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            assert ColumnarCollator(pin_memory=True).pin_memory is False
+
+
+def test_import_fastcollate_never_imports_ray():
+    code = "import sys, fastcollate, fastcollate.data.columnar, fastcollate.data.arrow_table; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
