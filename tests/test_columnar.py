@@ -47,13 +47,13 @@ def _column_numpy(col):
         for chunk in col.chunks:
             offs = chunk.offsets.to_numpy()
             flat = _fixed_numpy(chunk.values) if dtype is None else chunk.values.to_numpy(zero_copy_only=False)
-            rows += [np.asarray(flat[offs[i]:offs[i + 1]], dtype=dtype or flat.dtype) for i in range(len(chunk))]
+            rows += [np.array(flat[offs[i]:offs[i + 1]], dtype=dtype or flat.dtype) for i in range(len(chunk))]
         out = np.empty(len(rows), dtype=object)
         out[:] = rows
         return out
     if pa.types.is_fixed_size_list(typ):
         return np.concatenate([_fixed_numpy(c) for c in col.chunks])
-    return col.to_numpy()
+    return np.array(col.to_numpy())  # writable
 
 
 def _fixed_numpy(arr):
@@ -202,7 +202,7 @@ def test_bad_arrow_input_is_refused_with_the_column_named():
         c.arrow(_tampered([0, 2, 6], [0, 4, 2]))
     plain = ColumnarCollator()
     cases = [
-        (pa.table({"a": [1, None]}), ValueError, r"column 'a', chunk 0: 1 null row"),
+        (pa.table({"a": [1, None]}), ValueError, r"column 'a', chunk 0: 1 null row\(s\), the first is row 1 of the batch"),
         (pa.table({"l": [[1, None], [2, 3]]}), ValueError, r"column 'l', chunk 0: its lists hold null values"),
         (pa.table({"f": pa.array([[1, 2], None], pa.list_(pa.int64(), 2))}), ValueError, r"column 'f'.*null"),
         (pa.table({"s": ["a", "b"]}), TypeError, r"column 's' is string"),

@@ -111,14 +111,15 @@ def _elements(array: Any, layout: _Layout, keep: list) -> tuple[int, int]:
     return array.buffers()[1].address + array.offset * layout.item, 1
 
 
-def _nulls(array: Any, name: str, chunk: int) -> None:
+def _nulls(array: Any, name: str, chunk: int, start: int) -> None:
+    """Refuses nulls; ``start``: the batch row of the chunk's row 0."""
     import pyarrow as pa
 
     if array.null_count:
-        rows = np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))
-        raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: {array.null_count} null row(s) (first: "
-                         f"row {int(rows[0])} of the chunk); ArrowCollate refuses nulls (Ray's default collate "
-                         "makes them NaN, turning integers into float64): fill or drop them first "
+        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: {array.null_count} null row(s), the "
+                         f"first is row {start + row} of the batch; ArrowCollate refuses nulls (Ray's default "
+                         "collate makes them NaN, turning integers into float64): fill or drop them first "
                          "(Dataset.map_batches, Dataset.filter)")
     typ = array.type
     if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
@@ -126,7 +127,7 @@ def _nulls(array: Any, name: str, chunk: int) -> None:
         if values.null_count:
             raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: its lists hold null values; "
                              "ArrowCollate refuses nulls (fill or drop them first)")
-        _nulls(values, name, chunk)
+        _nulls(values, name, chunk, start)
 
 
 def table_columns(table: Any, names: Sequence[str] | None = None) -> tuple[int, list[BatchColumn]]:
@@ -154,12 +155,14 @@ def _column(column: Any, name: str) -> BatchColumn:
     fixed, trailing = layout.shape()
     ptrs, lens, keep = [], [], []
     per_row = int(np.prod(fixed, dtype=np.int64)) if fixed is not None else 1
+    start = 0  # the batch row of the chunk's first row
     for k, chunk in enumerate(column.chunks):
         array = chunk.storage if layout.extension else chunk
         offsets = check_list_chunk(array, name, k)  # before anything reads through it
         if not len(array):
             continue
-        _nulls(array, name, k)
+        _nulls(array, name, k, start)
+        start += len(array)
         if layout.variable:
             addr, per = _elements(array.values, layout, keep)
             if layout.tensor is not None:
