@@ -14,12 +14,13 @@ variable lists, variable-shaped tensors and every other type are refused with th
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from .columnar import BatchColumn
+from .columnar import BLOCK_BYTES, BatchColumn
 from .columns import torch_dtype_of
 from .hf import ArrowDataError, check_list_chunk
 
@@ -70,10 +71,9 @@ class _Layout:
             nested = pa.types.is_list(inner) or pa.types.is_large_list(inner)
             raise _unsupported(name, typ, " (lists inside lists: only the outer list may vary)" if nested else "")
         if self.tensor is not None:
-            per_row = int(np.prod(self.tensor, dtype=np.int64))
-            if dims and not self.variable and int(np.prod(dims, dtype=np.int64)) != per_row:
-                raise _unsupported(name, typ, f" whose storage rows hold {int(np.prod(dims))} values, not "
-                                              f"{per_row}")
+            per_row = math.prod(self.tensor)
+            if dims and not self.variable and math.prod(dims) != per_row:
+                raise _unsupported(name, typ, f" whose storage rows hold {math.prod(dims)} values, not {per_row}")
             if self.variable and dims:
                 raise _unsupported(name, typ, " (tensor storage of nested lists)")
         self.dims = tuple(dims)  # fixed-size list dims under the (variable) row
@@ -83,6 +83,11 @@ class _Layout:
             raise _unsupported(name, typ)
         self.dtype = dtype
         self.item = dtype.itemsize
+        self.nested = self.variable or bool(dims)  # has list children (their nulls are checked too)
+        self.plain = not self.nested and dtype != torch.bool  # numbers read in place: the fast path
+        self.fixed, self.trailing = self.shape()
+        self.per_row = math.prod(self.fixed) if self.fixed is not None else 1  # elements of a fixed row
+        self.row_bytes = self.per_row * self.item
 
     def shape(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         """(fixed row shape or None, trailing dims after a variable first dimension)."""
@@ -111,8 +116,8 @@ def _elements(array: Any, layout: _Layout, keep: list) -> tuple[int, int]:
     return array.buffers()[1].address + array.offset * layout.item, 1
 
 
-def _nulls(array: Any, name: str, chunk: int, start: int) -> None:
-    """Refuses nulls; ``start``: the batch row of the chunk's row 0."""
+def _nulls(array: Any, name: str, chunk: int, start: int, nested: bool = True) -> None:
+    """Refuses nulls; ``start``: the batch row of the chunk's row 0; ``nested``: look into list children."""
     import pyarrow as pa
 
     if array.null_count:
@@ -122,7 +127,7 @@ def _nulls(array: Any, name: str, chunk: int, start: int) -> None:
                          "collate makes them NaN, turning integers into float64): fill or drop them first "
                          "(Dataset.map_batches, Dataset.filter)")
     typ = array.type
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+    if nested and (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
         values = array.values
         if values.null_count:
             raise ValueError(f"fastcollate: Arrow column {name!r}, chunk {chunk}: its lists hold null values; "
@@ -130,54 +135,99 @@ def _nulls(array: Any, name: str, chunk: int, start: int) -> None:
         _nulls(values, name, chunk, start)
 
 
+class TableReader:
+    """Reads the columns ``names`` (default: all) of ``pyarrow.Table`` batches as gather columns.
+    What a column's type says (its _Layout) is worked out once per schema: the batches of one
+    pipeline share theirs."""
+
+    def __init__(self, names: Sequence[str] | None = None) -> None:
+        self.names = None if names is None else list(names)
+        self._cached: tuple[Any, list[tuple[int, _Layout]]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"names": self.names, "_cached": None}
+
+    def _layouts(self, table: Any) -> list[tuple[int, _Layout]]:
+        schema = table.schema
+        hit = self._cached  # one read: other threads may replace it meanwhile
+        if hit is not None and hit[0].equals(schema):
+            return hit[1]
+        names = schema.names
+        if len(set(names)) != len(names):
+            raise ValueError(f"fastcollate: the batch has duplicate column names: {names}")
+        wanted = names if self.names is None else self.names
+        missing = [n for n in wanted if n not in names]
+        if missing:
+            raise KeyError(f"fastcollate: the batch has no column {missing[0]!r}; it has {names}")
+        layouts = [(names.index(n), _Layout(n, schema.field(n).type)) for n in wanted]
+        self._cached = (schema, layouts)
+        return layouts
+
+    def __call__(self, table: Any) -> tuple[int, list[BatchColumn]]:
+        """(rows, the batch's columns as gather columns)."""
+        import pyarrow as pa
+
+        if not isinstance(table, pa.Table):
+            raise TypeError(f"fastcollate: expected a pyarrow.Table batch, got {type(table).__name__}")
+        columns = table.columns
+        return table.num_rows, [_column(columns[i], layout) for i, layout in self._layouts(table)]
+
+
 def table_columns(table: Any, names: Sequence[str] | None = None) -> tuple[int, list[BatchColumn]]:
     """(rows, the columns ``names`` of ``table`` -- all by default -- as gather columns)."""
-    import pyarrow as pa
-
-    if not isinstance(table, pa.Table):
-        raise TypeError(f"fastcollate: expected a pyarrow.Table batch, got {type(table).__name__}")
-    if names is None:
-        names = table.column_names
-    else:
-        missing = [n for n in names if n not in table.column_names]
-        if missing:
-            raise KeyError(f"fastcollate: the batch has no column {missing[0]!r}; it has {table.column_names}")
-    if len(set(table.column_names)) != len(table.column_names):
-        raise ValueError(f"fastcollate: the batch has duplicate column names: {table.column_names}")
-    out = []
-    for name in names:
-        out.append(_column(table.column(name), name))
-    return table.num_rows, out
+    return TableReader(names)(table)
 
 
-def _column(column: Any, name: str) -> BatchColumn:
-    layout = _Layout(name, column.type)
-    fixed, trailing = layout.shape()
+def _column(column: Any, layout: _Layout) -> BatchColumn:
+    name, fixed, trailing, per_row, row_bytes = layout.name, layout.fixed, layout.trailing, layout.per_row, \
+        layout.row_bytes
+    chunks = column.chunks
+    if layout.plain and not layout.extension and len(chunks) == 1:  # a number column in one chunk: the fast path
+        array = chunks[0]
+        check_list_chunk(array, name, 0)
+        if array.null_count:
+            _nulls(array, name, 0, 0)
+        n = len(array)
+        addr = array.buffers()[1].address + array.offset * layout.item if n else 0
+        if n * row_bytes < BLOCK_BYTES:
+            return BatchColumn(name, layout.dtype, np.array([addr], dtype=np.int64), None, fixed, (), block=True)
+        return BatchColumn(name, layout.dtype, addr + np.arange(n, dtype=np.int64) * row_bytes, None, fixed, ())
     ptrs, lens, keep = [], [], []
-    per_row = int(np.prod(fixed, dtype=np.int64)) if fixed is not None else 1
     start = 0  # the batch row of the chunk's first row
-    for k, chunk in enumerate(column.chunks):
+    for k, chunk in enumerate(chunks):
         array = chunk.storage if layout.extension else chunk
         offsets = check_list_chunk(array, name, k)  # before anything reads through it
-        if not len(array):
+        n = len(array)
+        if not n:
             continue
-        _nulls(array, name, k, start)
-        start += len(array)
-        if layout.variable:
-            addr, per = _elements(array.values, layout, keep)
-            if layout.tensor is not None:
-                n = np.diff(offsets)
-                bad = np.flatnonzero(n != per_row)
-                if bad.size:
-                    raise ArrowDataError(f"fastcollate: Arrow column {name!r}, chunk {k}: tensor row {int(bad[0])} "
-                                         f"holds {int(n[bad[0]])} values, its shape {list(fixed)} needs {per_row}: "
-                                         "the data is truncated or corrupt")
+        if array.null_count or layout.nested:
+            _nulls(array, name, k, start)
+        start += n
+        if not layout.variable:  # numbers, fixed-size lists, tensors stored as fixed-size lists
+            if layout.plain:
+                addr = array.buffers()[1].address + array.offset * layout.item
             else:
-                lens.append(np.diff(offsets))
-            ptrs.append(addr + offsets[:-1] * (per * layout.item))
-        else:
-            addr, per = _elements(array, layout, keep)
-            ptrs.append(addr + np.arange(len(array), dtype=np.int64) * (per * layout.item))
+                addr, _ = _elements(array, layout, keep)
+            if len(chunks) == 1 and n * row_bytes < BLOCK_BYTES:
+                return BatchColumn(name, layout.dtype, np.array([addr], dtype=np.int64), None, fixed, (), keep,
+                                   block=True)
+            ptrs.append(addr + np.arange(n, dtype=np.int64) * row_bytes)
+            continue
+        addr, per = _elements(array.values, layout, keep)
+        if layout.tensor is not None:  # Ray's tensor storage: a list whose rows must all hold the shape's values
+            if offsets[-1] - offsets[0] != n * per_row or (np.diff(offsets) != per_row).any():
+                bad = int(np.flatnonzero(np.diff(offsets) != per_row)[0])
+                raise ArrowDataError(f"fastcollate: Arrow column {name!r}, chunk {k}: tensor row {bad} holds "
+                                     f"{int(offsets[bad + 1] - offsets[bad])} values, its shape {list(fixed)} "
+                                     f"needs {per_row}: the data is truncated or corrupt")
+            first = addr + int(offsets[0]) * layout.item
+            if len(chunks) == 1 and n * row_bytes < BLOCK_BYTES:
+                return BatchColumn(name, layout.dtype, np.array([first], dtype=np.int64), None, fixed, (), keep,
+                                   block=True)
+            ptrs.append(first + np.arange(n, dtype=np.int64) * row_bytes)
+            continue
+        lens.append(np.diff(offsets))
+        ptrs.append(addr + offsets[:-1] * (per * layout.item))
     ptr = _joined(ptrs)
     if layout.variable and layout.tensor is None:
         return BatchColumn(name, layout.dtype, ptr, _joined(lens), None, trailing, keep)

@@ -21,6 +21,7 @@ rule: ``torch.as_tensor`` of the column as numpy):
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any, Literal, Mapping, Sequence
 
@@ -37,6 +38,9 @@ from .gather import GatherPlan
 GATHER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
                  torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CONVERTIBLE = (torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# a fixed-width column smaller than this, contiguous, is copied as one block (one row job of all
+# its rows); larger ones keep an address per row, so that the copy threads can share its rows
+BLOCK_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -45,8 +49,9 @@ class BatchColumn:
     elements of ``src`` at address ``ptrs[i]``.
 
     ``fixed``: every row's shape (``()``: one number per row, a ``[B]`` batch), or None when
-    rows have a variable first dimension (``lens``) followed by ``trailing``. ``keep`` holds
-    whatever the addresses point into that the caller would not otherwise keep alive.
+    rows have a variable first dimension (``lens``) followed by ``trailing``. ``block``: the rows
+    are contiguous from ``ptrs[0]`` (one address), copied as one piece. ``keep`` holds whatever
+    the addresses point into that the caller would not otherwise keep alive.
     """
 
     key: str
@@ -56,10 +61,11 @@ class BatchColumn:
     fixed: tuple[int, ...] | None
     trailing: tuple[int, ...] = ()
     keep: list = dataclasses.field(default_factory=list)
+    block: bool = False
 
 
 def _numel(shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)
 
 
 class ColumnarCollator:
@@ -114,6 +120,11 @@ class ColumnarCollator:
                                                          return_mask, mask_key, mask_dtype, lengths_key,
                                                          pad_if_present)
         self.dtypes, self.pin_memory, self.num_threads, self.columns = dtypes, pin_memory, num_threads, columns
+        self._reader: Any = None  # the Arrow reader, made at the first table (it caches per schema)
+        self._threads = num_threads or min(4, usable_cores())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reader": None}
 
     def __repr__(self) -> str:
         pad = "" if self.spec is None else f"pad={dict(self.spec.values)}, "
@@ -124,9 +135,11 @@ class ColumnarCollator:
 
     def arrow(self, table: Any) -> dict[str, torch.Tensor]:
         """A ``pyarrow.Table`` batch as a dict of tensors in one arena."""
-        from .arrow_table import table_columns
+        if self._reader is None:
+            from .arrow_table import TableReader
 
-        rows, cols = table_columns(table, self.columns)
+            self._reader = TableReader(self.columns)
+        rows, cols = self._reader(table)
         return self.collate_columns(rows, cols)
 
     def numpy(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -138,7 +151,7 @@ class ColumnarCollator:
         if missing:
             raise KeyError(f"fastcollate: the batch has no column {missing[0]!r}; it has {list(batch)}")
         cols = [numpy_column(batch[n], n) for n in names]
-        rows = {c.key: len(c.ptrs) for c in cols}
+        rows = {n: len(batch[n]) for n in names}
         if len(set(rows.values())) > 1:
             raise ValueError(f"fastcollate: the batch's columns have different numbers of rows: {rows}")
         return self.collate_columns(next(iter(rows.values()), 0), cols)
@@ -179,12 +192,18 @@ class ColumnarCollator:
         kinds = _ext._C.JobKind
         plan = GatherPlan(rows)
         tail: list[dict[str, Any]] = []  # the mask and lengths go after every column, as padding appends them
+        blocks: dict[tuple, list[BatchColumn]] = {}  # contiguous columns by (src, dst, row shape)
+        dtypes = self.dtypes
         for col in cols:
-            dst = self._dtype(col)
-            if dst != col.src and col.src not in GATHER_DTYPES:  # pragma: no cover - readers give gathered dtypes
-                raise TypeError(f"fastcollate: column {col.key!r}: dtype {col.src} is not gathered")
+            dst = col.src if dtypes is None else self._dtype(col)
+            if col.block and rows and col.key not in padded:  # contiguous rows: copied with the others of its kind
+                blocks.setdefault((col.src, dst, col.fixed), []).append(col)
+                continue
             ptrs = col.ptrs if col.ptrs.dtype == np.int64 else col.ptrs.astype(np.int64)
             inner = _numel(col.trailing)
+            if col.block and (col.key in padded or not rows):  # one address per row after all
+                row_bytes = _numel(col.fixed) * col.src.itemsize
+                ptrs = ptrs[0] + np.arange(rows, dtype=np.int64) * row_bytes
             if col.key in padded:
                 lens = col.lens if col.lens is not None else np.full(rows, col.fixed[0], dtype=np.int64)
                 trailing = col.trailing if col.lens is not None else col.fixed[1:]
@@ -219,6 +238,8 @@ class ColumnarCollator:
                 shape = (rows, *col.fixed)
                 L, inner = 1, _numel(col.fixed)
             plan.add(col.key, kinds.Rows, ptrs, None, L, inner, col.src, dst, shape)
+        groups = [_add_blocks(plan, kinds, rows, members, src, dst, fixed)
+                  for (src, dst, fixed), members in blocks.items()]
         for job in tail:
             plan.add(**job)
         size = max(plan.nbytes, plan.align)
@@ -226,9 +247,31 @@ class ColumnarCollator:
             arena = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         else:
             arena = _ext._C.pool_allocate(size)
-        threads = self.num_threads or min(4, usable_cores())
-        views = _ext._C.gather(arena, plan.jobs, threads)
-        return {key: v for (key, _), v in zip(plan.keys, views)}
+        views = _ext._C.gather(arena, plan.jobs, self._threads)
+        out = {key: v for (key, _), v in zip(plan.keys, views)}
+        for members, view in zip(groups, views[len(views) - len(tail) - len(groups):]):
+            out.update(zip(members, view[:, :rows].unbind(0) if len(members) > 1 else [view]))
+        # the batch's column order, padding's mask and lengths after
+        order = [c.key for c in cols] + [job["key"] for job in tail]
+        return {key: out[key] for key in order}
+
+
+def _add_blocks(plan: GatherPlan, kinds: Any, rows: int, members: list[BatchColumn], src: torch.dtype,
+                dst: torch.dtype, fixed: tuple[int, ...]) -> list[str]:
+    """Columns whose rows are contiguous, of one dtype and row shape -- a table's number columns
+    -- as ONE job: column c is row c of a [C, L, *fixed] block, each row's length rounded up so
+    that every column starts 64-byte aligned (the arena's rule for leaves), the rounding padded
+    with zeros; column c's tensor is ``block[c, :rows]``."""
+    inner = _numel(fixed)
+    if len(members) == 1:
+        plan.add(members[0].key, kinds.Rows, members[0].ptrs, None, rows, inner, src, dst, (rows, *fixed), rows=1)
+        return [members[0].key]
+    step = plan.align // math.gcd(plan.align, inner * dst.itemsize)  # rows per aligned stride
+    L = -(-rows // step) * step
+    ptrs = np.concatenate([m.ptrs for m in members])
+    plan.add(members[0].key, kinds.Rows, ptrs, np.full(len(members), rows, dtype=np.int64), L, inner, src, dst,
+             (len(members), L, *fixed), rows=len(members))
+    return [m.key for m in members]
 
 
 # ---------------------------------------------------------------------- numpy batches
@@ -262,8 +305,11 @@ def numpy_column(arr: Any, key: str) -> BatchColumn:
         src = _readable_dtype(arr, key)
         arr = _dense(arr, keep)
         keep.append(arr)
+        fixed = tuple(int(d) for d in arr.shape[1:])
+        if arr.nbytes < BLOCK_BYTES:
+            return BatchColumn(key, src, np.array([arr.ctypes.data], dtype=np.int64), None, fixed, (), keep, block=True)
         ptrs = arr.ctypes.data + np.arange(arr.shape[0], dtype=np.int64) * (arr.strides[0] if arr.shape[0] > 1 else 0)
-        return BatchColumn(key, src, ptrs, None, tuple(int(d) for d in arr.shape[1:]), (), keep)
+        return BatchColumn(key, src, ptrs, None, fixed, (), keep)
     if arr.ndim != 1:
         raise TypeError(f"fastcollate: column {key!r} is an object array of {arr.ndim} dimensions; NumpyCollate "
                         "reads 1-D object arrays of arrays")

@@ -36,15 +36,17 @@ class GatherPlan:
 
     def add(self, key: Any, kind: Any, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
             src: torch.dtype, dst: torch.dtype, shape: tuple[int, ...], pad: Any = 0, left: bool = False,
-            as_list: bool = False) -> None:
-        """A job of ``kind`` (a ``_C.JobKind``) writing the [shape] output of ``key``."""
+            as_list: bool = False, rows: int | None = None) -> None:
+        """A job of ``kind`` (a ``_C.JobKind``) writing the [shape] output of ``key``; ``rows``
+        (default: the batch's) lets a contiguous source be one row of ``L`` positions: one copy,
+        no per-row addresses."""
         at = self.nbytes
         size = _numel(shape) * dst.itemsize
         self.nbytes = at + (size + self.align - 1) // self.align * self.align
         self.jobs.append(_ext._C.GatherJob(
             kind=kind, offset=at, ptrs=None if ptrs is None else torch.from_numpy(ptrs),
-            lens=None if lens is None else torch.from_numpy(lens), rows=self.B, L=L, inner=inner, src=src, dst=dst,
-            pad=pad, left=left, transposed=as_list, shape=shape))
+            lens=None if lens is None else torch.from_numpy(lens), rows=self.B if rows is None else rows, L=L,
+            inner=inner, src=src, dst=dst, pad=pad, left=left, transposed=as_list, shape=shape))
         self.keys.append((key, as_list))
 
 
