@@ -50,6 +50,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import _ext
     from ._bench import collate_bench as bench, train_run as e2e, workloads
 
+    if args.engines:
+        return _engines(args)
     if args.peers:
         args.peer_workloads = bool(args.workloads)
         bad = [n for n in (args.workloads or "").split(",") if n and n not in ("images", "tokens", "padded", "tabular")]
@@ -124,6 +126,37 @@ def _peers(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peers": result}, f, indent=2, default=str)
+        _progress(f"wrote {args.json}")
+    return 0
+
+
+def _engines(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    missing = [m for m in ("ray", "pydantic") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"--engines needs Ray Data ({', '.join(missing)} missing): pip install 'fastcollate[ray]'")
+    from ._bench import engines
+
+    names = ("features", "columns", "tokens", "images")
+    only = args.workloads.split(",") if args.workloads else None
+    bad = [n for n in only or () if n not in names]
+    if bad:
+        raise CliError(f"unknown engines workload(s) {', '.join(bad)}; choose from {', '.join(names)}")
+    rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
+    _progress(f"fastcollate bench --engines: {rounds} rounds")
+    collate_rows = engines.run_collate(rounds=rounds, min_time=min_time, only=only, progress=_progress)
+    print("distributed engines, the collate call alone (Ray Data's batches: pyarrow Tables; medians of "
+          f"{rounds} interleaved rounds):")
+    print(engines.format_collate(collate_rows))
+    epoch_rows = engines.run_epochs(batches=3 if args.quick else 8, rounds=1 if args.quick else min(rounds, 3),
+                                    only=only, progress=_progress)
+    print("\nthe whole iter_torch_batches epoch, Ray's streaming executor included (materialized dataset):")
+    print(engines.format_epochs(epoch_rows))
+    print(engines.NOTES)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"engines": {"collate": collate_rows, "epochs": epoch_rows}}, f, indent=2)
         _progress(f"wrote {args.json}")
     return 0
 
@@ -245,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the peers table: torch, SPDL, torchdata.nodes, Ray Data, get_batch, HF collators "
                         "(those installed) on image-folder, token, padded and tabular workloads")
     b.add_argument("--workers", type=int, help="--peers: workers (or threads) of every loader (default 2)")
+    b.add_argument("--engines", action="store_true",
+                   help="only the distributed engines table: Ray Data's default collate vs fastcollate.ray.ArrowCollate "
+                        "(the call alone and the iter_torch_batches epoch; needs the ray extra)")
     b.set_defaults(fn=cmd_bench, peer_workloads=False)
     t = sub.add_parser("tune", help="pick DataLoader settings for a dataset by measurement")
     t.add_argument("--dataset", required=True, help="module:attr of a map-style Dataset (or a factory)")

@@ -145,6 +145,25 @@ def test_padded_columns_equal_the_padding_reference(seed):
     assert find_arena(got) is not None
 
 
+def test_number_columns_share_one_job_and_stay_aligned():
+    rng = np.random.default_rng(7)
+    for rows in (1, 13, 64, 1000):
+        cols = {f"f{i}": pa.array(_values(rng, np.float32, rows)) for i in range(5)}
+        cols.update({"b0": pa.array(_values(rng, np.bool_, rows)), "y": pa.array(_values(rng, np.int64, rows)),
+                     "b1": pa.array(_values(rng, np.bool_, rows)),
+                     "v": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.uint8, rows * 3)), 3),
+                     "w": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.uint8, rows * 3)), 3)})
+        table = pa.table(cols)
+        for c in (ColumnarCollator(), ColumnarCollator(dtypes={"f1": torch.float64, "b1": torch.float32})):
+            got = c.arrow(table)
+            want = {n: torch.as_tensor(_column_numpy(table.column(n))) for n in table.column_names}
+            for k, d in (c.dtypes or {}).items():
+                want[k] = want[k].to(d)
+            assert_same(got, want)
+            assert all(t.data_ptr() % 64 == 0 for t in got.values())  # every leaf 64-byte aligned, as the arena's
+            assert find_arena(got) is not None
+
+
 def test_tokenizer_columns_padded_when_present_and_dtypes_after_padding():
     table = pa.table({"input_ids": pa.array([[5, 6, 7], [8]], pa.list_(pa.int32())),
                       "attention_mask": pa.array([[1, 1, 1], [1]], pa.list_(pa.int8())),
@@ -265,6 +284,30 @@ def test_pickles_and_pins_as_collator_does():
     if not torch.cuda.is_available():
         with pytest.warns(UserWarning, match="CUDA is not available"):
             assert ColumnarCollator(pin_memory=True).pin_memory is False
+
+
+def test_only_the_adapter_imports_ray_at_module_level():
+    import ast
+    import os
+
+    pkg = os.path.dirname(fastcollate.__file__)
+    top, anywhere = set(), set()
+    for dirpath, _, files in os.walk(pkg):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            tree = ast.parse(open(path).read())
+            rel = os.path.relpath(path, pkg)
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                if any(m == "ray" or m.startswith("ray.") for m in mods if m):
+                    anywhere.add(rel)
+                    if node in tree.body:
+                        top.add(rel)
+    assert top == {"ray.py"}  # everything else imports ray inside a function: the benchmarks that run Ray
+    assert anywhere <= {"ray.py", os.path.join("_bench", "engines.py"), os.path.join("_bench", "peers.py")}
 
 
 def test_import_fastcollate_never_imports_ray():

@@ -222,6 +222,17 @@ def test_pickled_collate_objects_work():
             assert type(again) is type(c) and repr(again) == repr(c)
 
 
+def test_bench_engines_runs_and_checks_its_outputs_equal():
+    # `fastcollate bench --engines`, the smallest run: the table's code path, outputs compared first
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-m", "fastcollate", "bench", "--engines", "--quick", "--workloads",
+                        "columns,tokens"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| (")]
+    assert len(rows) == 4 and all(line.rstrip(" |").endswith("True") for line in rows), r.stdout
+
+
 def test_torch_trainer_two_workers_from_dataset_shards(tmp_path):
     # examples/ray_train.py: a 2-worker TorchTrainer (CPU, gloo), each worker reading
     # get_dataset_shard with ArrowCollate + CudaPrefetcher; it checks its own claims
