@@ -37,6 +37,10 @@ def __getattr__(name: str):
         from .loader.dataloader import stateful_loader_class
 
         return stateful_loader_class()
+    if name == "ray":  # fastcollate.ray (ArrowCollate, NumpyCollate) imports ray: only when first asked for
+        import importlib
+
+        return importlib.import_module(".ray", __name__)
     moved = _compat.moved_module(name)  # an old module path (fastcollate.pad, .ring...): deprecated
     if moved is not None:
         return moved

@@ -314,3 +314,12 @@ def test_import_fastcollate_never_imports_ray():
     code = "import sys, fastcollate, fastcollate.data.columnar, fastcollate.data.arrow_table; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+    # fastcollate.ray is an attribute made on first use (where ray is installed)
+    code = "import fastcollate; print(fastcollate.ray.ArrowCollate.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    try:
+        import ray.data  # noqa: F401
+    except ImportError:
+        assert "No module named 'ray'" in out.stderr
+    else:
+        assert out.stdout.strip() == "fastcollate.ray", out.stderr[-2000:]
