@@ -50,7 +50,7 @@ def test_fixed_column_is_built_by_keyword():
 
 
 def test_ring_control_block_words_are_named():
-    from fastcollate.workers.ring import Ring
+    from fastcollate.loader.ring import Ring
 
     words = C.ring_words
     assert {"hits", "full", "oversize", "bytes", "counters", "slots", "claim_hint", "header"} <= set(words)
