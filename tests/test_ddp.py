@@ -8,20 +8,9 @@ import subprocess
 import sys
 import uuid
 
+from procs import processes_with
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _ours(token):
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 def test_two_ranks_gloo(tmp_path):
@@ -48,4 +37,4 @@ def test_two_ranks_gloo(tmp_path):
     assert a["slowest_rank"] == b["slowest_rank"] == 1, a["rank_wait_s"]
     assert b["bottleneck"] == "dataset", b  # the slowed rank's own trace names its stage
     assert "slowest rank 1" in r.stdout
-    assert not _ours(token), "processes left behind"
+    assert not processes_with(token), "processes left behind"

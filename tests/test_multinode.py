@@ -13,6 +13,8 @@ import subprocess
 import sys
 import uuid
 
+from procs import processes_with
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multinode_train.py")
 SAMPLES, EPOCHS = 256, 2
@@ -22,19 +24,6 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _ours(token):
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 def launch(out, token, port, timeout=150):
@@ -87,4 +76,4 @@ def test_two_nodes_one_slow(tmp_path):
     assert f"slowest rank {slow[0]}" in "".join(outputs)
     for r in ranks:  # the workers collated into the ring on both nodes
         assert r["ring"]["ring"] and r["ring"]["ring_hits"] > 0, r["ring"]
-    assert not _ours(token), "processes left behind"
+    assert not processes_with(token), "processes left behind"

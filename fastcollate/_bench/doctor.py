@@ -47,6 +47,8 @@ def _batch_len(batch: Any) -> int:
 def compare(dataset: Any, batch_size: int, workers: int, batches: int, trace: str | None = None,
             plot: str | None = None, progress: Callable[[str], None] = print) -> str:
     kw = dict(batch_size=batch_size, num_workers=workers, shuffle=False)
+    if hasattr(dataset, "__len__"):  # an epoch shorter than asked: say how many batches really ran
+        batches = min(batches, max(1, -(-len(dataset) // batch_size)))
     progress(f"doctor: {batches} batches of {batch_size} through torch's DataLoader ({workers} workers), traced ...")
     theirs, mon_t = traced_run(lambda: DataLoader(dataset, collate_fn=default_collate, **kw), batches)
     mon_t.close()
