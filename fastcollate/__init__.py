@@ -17,6 +17,7 @@ from .loader.dataloader import DataLoader, with_ring
 from .training.monitor import StallMonitor
 from .device.prefetcher import CudaPrefetcher
 from .loader.ring import RingCollator
+from .loader.release import release_after
 from .data.sampler import LengthGroupedSampler, padding_fraction
 from .training.loop import EpochStats, train_one_epoch
 from .training.tune import TuneResult, tune_loader
@@ -63,6 +64,7 @@ __all__ = [
     "collate",
     "cuda_kernels_built",
     "padding_fraction",
+    "release_after",
     "reset_stats",
     "set_pool_limit",
     "stats",

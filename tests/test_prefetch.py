@@ -235,3 +235,64 @@ def test_local_rank_is_used_only_when_it_names_a_visible_gpu(monkeypatch):
     assert prefetch._local_ordinal() == 3
     monkeypatch.setenv("LOCAL_RANK", "junk")
     assert prefetch._local_ordinal() == 0
+
+
+def _bounded(fn, timeout=20.0):
+    """fn() on a thread; a hang fails the test instead of the suite."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"still waiting after {timeout} s"
+    return box
+
+
+def test_a_producer_thread_that_ended_without_a_word_is_an_error_not_a_hang(monkeypatch):
+    from fastcollate.device import pipeline
+
+    monkeypatch.setattr(pipeline, "_produce", lambda *args: None)  # a thread that dies delivering nothing
+    epoch = Producer(range(3), lambda x: x, 2, PipelineStats(), name="fastcollate-prefetch-test")
+    box = _bounded(lambda: next(epoch))
+    assert isinstance(box.get("error"), RuntimeError), box
+    assert "fastcollate-prefetch-test" in str(box["error"]) and "next batch" in str(box["error"])
+    with pytest.raises(StopIteration):
+        next(epoch)
+
+
+def test_what_the_producer_put_just_before_it_ended_is_still_delivered(monkeypatch):
+    from fastcollate.device import pipeline
+
+    def produce_one(source, stage, q, stop, stats, on_start):
+        q.put((pipeline._ITEM, "last words"))
+
+    monkeypatch.setattr(pipeline, "_produce", produce_one)
+    epoch = Producer(range(3), lambda x: x, 2, PipelineStats())
+    epoch._thread.join(5)
+    assert _bounded(lambda: next(epoch)).get("value") == "last words"
+    assert isinstance(_bounded(lambda: next(epoch)).get("error"), RuntimeError)
+
+
+def test_a_stuck_loader_times_out_naming_the_wait():
+    gate = threading.Event()
+
+    def stuck():
+        yield 0
+        gate.wait(30)
+        yield 1
+
+    p = fastcollate.CudaPrefetcher(stuck(), device="cpu", timeout=0.3)
+    it = iter(p)
+    assert next(it) == 0
+    box = _bounded(lambda: next(it))
+    gate.set()
+    assert isinstance(box.get("error"), TimeoutError), box
+    assert "0.3 s" in str(box["error"]) and "next batch" in str(box["error"])
+    p.close()
+    assert _wait_no_threads()

@@ -4,6 +4,8 @@
 // engine's (engine/ring_state.h).
 #include <torch/csrc/utils/pybind.h>
 
+#include <unistd.h>
+
 #include <memory>
 
 #include "bindings/register.h"
@@ -21,24 +23,57 @@ struct SlotLease {
   at::Tensor ctrl;
   int64_t slot;
   PyObject* on_release;  // owned reference, or nullptr
+  pid_t owner;           // the process that leased the slot: only it may free it
 };
+
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
 
 void end_lease(void* ctx) {
   std::unique_ptr<SlotLease> lease(static_cast<SlotLease*>(ctx));
+  // A forked child's copy of a batch (a DataLoader worker forked while the parent held it)
+  // shares the control block: freeing the slot there would hand the parent's bytes to a worker
+  // while the parent still reads them. The child's reference to the hook is leaked with the
+  // child's copy of the heap.
+  if (getpid() != lease->owner) {
+    lease->on_release = nullptr;
+    return;
+  }
   if (lease->on_release == nullptr) {
     ring_transfer(lease->ctrl, lease->slot, kRingHeldByMain, 0);
     return;
   }
   // The slot stays held (-1) unless the hook frees it: a lost fence leaks a slot, never reuses
-  // one early. The deleter may run on any thread, with or without the GIL.
-  if (!Py_IsInitialized()) return;
+  // one early. The deleter may run on any thread, with or without the GIL. While the
+  // interpreter finalizes, Python may be half torn down (and PyGILState_Ensure may never return
+  // on a non-Python thread): the process is going away, so the slot stays held.
+  if (!Py_IsInitialized() || finalizing()) return;
   PyGILState_STATE gil = PyGILState_Ensure();
+  // The last view may die while an exception propagates (a temporary passed to an op that
+  // raises): calling Python with the error indicator set turns it into a SystemError and loses
+  // the call, so the user's exception is set aside and restored unchanged.
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* saved = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+#endif
   PyObject* r = PyObject_CallFunction(lease->on_release, "L", static_cast<long long>(lease->slot));
   if (r == nullptr) {
     PyErr_WriteUnraisable(lease->on_release);
   }
   Py_XDECREF(r);
   Py_DECREF(lease->on_release);
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(saved);
+#else
+  PyErr_Restore(type, value, traceback);
+#endif
   PyGILState_Release(gil);
 }
 
@@ -56,7 +91,7 @@ at::Tensor ring_lease(const at::Tensor& ring, const at::Tensor& ctrl, int64_t sl
               " (state ", ring_state(ctrl, slot), ")");
   uint8_t* data = ring.data_ptr<uint8_t>() + slot * slot_bytes;
   PyObject* hook = on_release.is_none() ? nullptr : on_release.inc_ref().ptr();
-  auto lease = std::make_unique<SlotLease>(SlotLease{ring, ctrl, slot, hook});
+  auto lease = std::make_unique<SlotLease>(SlotLease{ring, ctrl, slot, hook, getpid()});
   c10::DataPtr ptr(data, lease.release(), &end_lease, c10::Device(c10::DeviceType::CPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr, false);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),

@@ -5,7 +5,9 @@ CPU tests exercise exactly the code the GPU path runs.
 Lifecycle: every item, then StopIteration (every time after, too). An exception in the source
 or the stage is re-raised in the consumer with its type and traceback. Breaking out of the loop,
 close() and garbage collection stop the thread and join it; the thread notices a stop between
-items, so the bound is one item's fetch.
+items, so the bound is one item's fetch. The consumer never waits on a thread that is gone: its
+wait polls the queue and checks the producer is alive (and gives up after ``get_timeout``
+seconds when one is set), raising an error that names what it waited for.
 """
 from __future__ import annotations
 
@@ -86,13 +88,15 @@ class Producer:
 
     def __init__(self, source: Iterable, stage: Callable[[Any], Any], depth: int, stats: PipelineStats,
                  *, name: str = "fastcollate-prefetch", on_start: Callable[[], None] | None = None,
-                 join_timeout: float = 10.0) -> None:
+                 join_timeout: float = 10.0, get_timeout: float | None = None) -> None:
         if depth < 1:
             raise ValueError(f"fastcollate: depth must be >= 1, got {depth}")
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._stats = stats
         self._done = False
+        self._name = name
+        self._get_timeout = get_timeout
         # the thread must not reference self, or an abandoned epoch could never be collected
         self._thread = threading.Thread(target=_produce, args=(source, stage, self._q, self._stop, stats, on_start),
                                         name=name, daemon=True)
@@ -108,7 +112,7 @@ class Producer:
         if self._done:
             raise StopIteration
         t0 = time.perf_counter()
-        kind, payload = self._q.get()
+        kind, payload = self._get()
         waited = time.perf_counter() - t0
         with self._stats.lock:
             self._stats.wait_s += waited
@@ -121,6 +125,33 @@ class Producer:
         if kind == _ERROR:
             raise payload
         raise StopIteration
+
+    POLL_S = 0.1
+
+    def _get(self) -> tuple[int, Any]:
+        deadline = None if self._get_timeout is None else time.monotonic() + self._get_timeout
+        while True:
+            try:
+                return self._q.get(timeout=self.POLL_S)
+            except queue.Empty:
+                pass
+            if not self._thread.is_alive():
+                try:  # what it put just before it ended
+                    return self._q.get_nowait()
+                except queue.Empty:
+                    self._done = True
+                    self.close()
+                    raise RuntimeError(f"fastcollate: the producer thread {self._name!r} ended without delivering "
+                                       "the next item or an error (waited for the next batch from the loader)") \
+                        from None
+            if deadline is not None and time.monotonic() > deadline:
+                # the thread is stuck in the loader: it is told to stop, and joined by close() or
+                # garbage collection, not here (that join could take as long as the stuck fetch)
+                self._done = True
+                self._stop.set()
+                raise TimeoutError(f"fastcollate: no batch from the producer thread {self._name!r} within "
+                                   f"{self._get_timeout:g} s (waited for the next batch from the loader; the thread "
+                                   "is still alive, so the loader or the copy stage is slow or stuck)")
 
     @property
     def alive(self) -> bool:

@@ -75,6 +75,11 @@ class CudaPrefetcher:
     while the consumer's kernels may still read them. Without CUDA the batches stay on the CPU,
     transformed there, with the same iteration semantics.
 
+    ``timeout``: seconds the consumer waits for the next batch before a TimeoutError (None: as
+    long as the prefetch thread is alive; a thread that ended without a batch or an error is an
+    error at once). Host memory of page-locked ring slots waits for the side stream's event of
+    its copy, not for the consumer's stream.
+
     Leave the DataLoader's own ``pin_memory=False``: its pin thread pins leaf by leaf, which
     breaks the single arena (a wrapped pin_memory loader still works, leaf by leaf, with a warning).
 
@@ -87,7 +92,7 @@ class CudaPrefetcher:
 
     def __init__(self, loader: Iterable, device: str | torch.device | None = None, depth: int = 2,
                  transform: Transform | None = None, *, copy_threads: int | None = None,
-                 join_timeout: float = 10.0) -> None:
+                 join_timeout: float = 10.0, timeout: float | None = None) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"CudaPrefetcher: depth must be a positive int, got {depth!r}")
         self.loader = loader
@@ -95,6 +100,7 @@ class CudaPrefetcher:
         self.depth = depth
         self.transform = transform
         self.join_timeout = join_timeout
+        self.timeout = timeout
         self._stats = PipelineStats()
         self._lock = threading.Lock()
         self._bytes = self._single = self._leafwise = 0
@@ -145,7 +151,7 @@ class CudaPrefetcher:
         on_start = (lambda: torch.cuda.set_device(self.device)) if self.device.type == "cuda" else None
         stage = self._traced_transport if _trace.enabled() else self._transport
         epoch = Producer(self.loader, stage, self.depth, self._stats, on_start=on_start,
-                      join_timeout=self.join_timeout)
+                      join_timeout=self.join_timeout, get_timeout=self.timeout)
         it = _Iterator(self, epoch)
         self._current = weakref.ref(it)
         return it
@@ -179,7 +185,7 @@ class CudaPrefetcher:
                 if d.hold is not None:
                     self._holds.append(d.hold)
                 while self._holds and self._holds[0].done():  # one side stream: copies complete in order
-                    self._holds.popleft()
+                    self._holds.popleft().release()
         return d.batch
 
     def _drain_timings(self) -> None:
@@ -202,8 +208,8 @@ class CudaPrefetcher:
             it.close()
         self._current = None
         with self._lock:
-            while self._holds:  # not the hot path: wait for the last copies out of held host memory
-                self._holds.popleft().wait()
+            while self._holds:  # ring slots wait for the side stream's events; other memory is waited for
+                self._holds.popleft().release()
 
     def __enter__(self) -> "CudaPrefetcher":
         return self

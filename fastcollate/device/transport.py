@@ -9,11 +9,13 @@ consumer waits on. CPU: the transforms run, nothing moves.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable
 
 import torch
 
 from .. import _ext
+from ..core.guards import LEAKED, hand_over, wait_for
 from ..core.tree import iter_tensors, map_tensors
 
 Transform = Callable[[Any], Any]
@@ -21,9 +23,11 @@ Transform = Callable[[Any], Any]
 
 class HostHold:
     """Host memory kept alive until a copy out of it has completed. Memory that torch's caching
-    host allocator did not hand out (a page-locked ring slot) is not guarded by torch: whatever
-    drops a HostHold -- the consumer once ``done()``, ``close()``, garbage collection, a queued batch
-    discarded at shutdown -- waits for the copy first, so nothing is released while read."""
+    host allocator did not hand out (a page-locked ring slot) is not guarded by torch. ``release()``
+    -- the consumer once ``done()``, ``close()``, garbage collection, a queued batch discarded at
+    shutdown -- hands a ring slot over to wait for ``ready``, the side stream's event (not for the
+    consumer's stream, where it would wait for the consumer's compute too), and for other memory
+    waits for ``ready`` first, bounded, so nothing is released while read."""
 
     __slots__ = ("ready", "host")
 
@@ -33,15 +37,25 @@ class HostHold:
     def done(self) -> bool:
         return self.ready is None or bool(self.ready.query())
 
-    def wait(self) -> None:
-        if self.ready is not None:
-            self.ready.synchronize()
-            self.ready = None
+    def release(self, timeout: float | None = None) -> None:
+        ready, box = self.ready, [self.host]
+        self.ready = self.host = None
+        if ready is not None and ready.query():
+            ready = None
+        if not hand_over(box, ready) and ready is not None:
+            try:
+                wait_for(ready, "the host-to-device copy of a prefetched batch (its side-stream event)", timeout)
+            except TimeoutError:
+                LEAKED.append(box)  # the copy may still read it: kept for the process's life
+                raise
+        box.clear()
 
     def __del__(self) -> None:
         try:
-            if not self.done():
-                self.wait()
+            if self.host is not None:
+                self.release()
+        except TimeoutError as exc:
+            logging.getLogger("fastcollate").error("%s; its host memory is kept until the process exits", exc)
         except Exception:  # pragma: no cover - interpreter shutdown: the process is going away
             pass
 

@@ -5,12 +5,14 @@ torch records an event on a pinned block after a ``non_blocking`` copy only for 
 caching host allocator owns; for a range page-locked with ``cudaHostRegister`` it records
 nothing, so ``batch.to("cuda", non_blocking=True)`` returns while the DMA still reads the host
 bytes. Whoever hands such memory back for reuse therefore records a fence on the current stream
-first (the stream the copy was issued on, in the usual loop) and reuses the memory only once the
-fence has completed, polled without blocking. ``Fences`` does that bookkeeping for any fence
-type with ``query()`` and ``synchronize()`` (a ``torch.cuda.Event``; tests use a double).
+first (the stream the copy was issued on, in the usual loop; ``fastcollate.release_after`` adds
+the others) and reuses the memory only once the fence has completed, polled without blocking.
+``Fences`` does that bookkeeping for any fence type with ``query()`` (a ``torch.cuda.Event``;
+tests use a double).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import Any, Callable
@@ -18,69 +20,134 @@ from typing import Any, Callable
 import torch
 
 from .. import _ext
+from ..core.guards import LEAKED, wait_for
 
 logger = logging.getLogger("fastcollate")
-FenceFactory = Callable[[], Any]
+FenceFactory = Callable[..., Any]  # factory(stream=None) -> a fence recorded on `stream` (None: the current one)
 
 
-def cuda_fence() -> Any:
-    """An event recorded on the current CUDA stream: complete once the work queued before it is."""
+def cuda_fence(stream: Any = None) -> Any:
+    """An event recorded on ``stream`` (the current CUDA stream when None): complete once the work
+    queued there before it is."""
     event = torch.cuda.Event()
-    event.record()
+    event.record(stream)
     return event
 
 
 class Fences:
-    """Slots freed only after a fence recorded at their release has completed.
+    """Slots freed only after the fences recorded for them have completed.
 
     ``release(slot)`` is the ring lease's hook (called when a batch's last view dies, on any
-    thread, with the GIL); ``poll()`` frees what has completed and never blocks; ``drain()``
-    waits (close and garbage collection only). Whatever is kept in ``keep`` (the page-locking
-    registrations) outlives every pending fence.
+    thread, with the GIL, possibly from inside a garbage collection that interrupted ``poll()``
+    on the same thread): it records a fence and queues the slot without taking a lock, so it
+    cannot deadlock on re-entry. ``poll()`` frees what has completed and never blocks (a caller
+    that finds another poll under way, or re-enters one, returns 0 and leaves the work to the next
+    poll); ``drain()`` waits, bounded (close and garbage collection only). Whatever is kept in
+    ``keep`` (the page-locking registrations) outlives every pending fence.
+
+    ``add(slot, fence)`` attaches a fence to a slot still held (``release_after``); with
+    ``instead=True`` the fence replaces the one ``release`` would record, for a release that
+    happens on this thread before ``settle()`` (the prefetcher dropping a batch it alone copied).
     """
 
     def __init__(self, factory: FenceFactory, free: Callable[[int], None], keep: Any = None) -> None:
         self.factory = factory
         self.free = free
         self.keep = keep
-        self.lock = threading.Lock()
-        self.pending: list[tuple[Any, int]] = []
+        self.lock = threading.Lock()  # held by poll/drain only; never by release
+        self.incoming: collections.deque = collections.deque()  # (fences, slot): appends are atomic
+        self.pending: list[tuple[list[Any], int]] = []  # owned by the lock's holder
+        self.extra: dict[int, list[Any]] = {}  # slot -> fences added while its views live
+        self.instead: dict[int, tuple[int, list[Any]]] = {}  # slot -> (thread, fences replacing release's)
         self.released = 0
 
+    def add(self, slot: int, fence: Any, *, instead: bool = False) -> None:
+        if instead:
+            tid = threading.get_ident()
+            prior = self.instead.get(slot)
+            fences = prior[1] if prior is not None and prior[0] == tid else []
+            if fence is not None:
+                fences.append(fence)
+            self.instead[slot] = (tid, fences)
+        elif fence is not None:
+            self.extra.setdefault(slot, []).append(fence)
+
+    def settle(self, slot: int) -> None:
+        """The replacement of ``add(instead=True)`` was not used (other views outlived the drop):
+        its fences still guard the slot, and the last view's release records its own as usual."""
+        item = self.instead.get(slot)
+        if item is not None and item[0] == threading.get_ident():
+            del self.instead[slot]
+            if item[1]:
+                self.extra.setdefault(slot, []).extend(item[1])
+
     def release(self, slot: int) -> None:
-        fence = self.factory()
-        with self.lock:
-            self.pending.append((fence, slot))
+        fences = self.extra.pop(slot, [])
+        item = self.instead.get(slot)
+        if item is not None and item[0] == threading.get_ident():
+            del self.instead[slot]
+            fences.extend(item[1])
+        else:
+            fences.append(self.factory())
+        self.incoming.append((fences, slot))
         self.poll()
 
+    def _take_incoming(self) -> None:
+        while True:
+            try:
+                self.pending.append(self.incoming.popleft())
+            except IndexError:
+                return
+
     def poll(self) -> int:
-        with self.lock:
+        if not self.lock.acquire(blocking=False):
+            return 0
+        try:
+            self._take_incoming()
             if not self.pending:
                 return 0
-            keep: list[tuple[Any, int]] = []
-            done: list[tuple[Any, int]] = []
+            keep: list[tuple[list[Any], int]] = []
+            freed = 0
             for item in self.pending:  # fences on different streams may complete out of order
-                (done if item[0].query() else keep).append(item)
+                if all(f.query() for f in item[0]):
+                    self.free(item[1])
+                    freed += 1
+                else:
+                    keep.append(item)
             self.pending = keep
-        for _, slot in done:
-            self.free(slot)
-        self.released += len(done)
-        return len(done)
+            self.released += freed
+            return freed
+        finally:
+            self.lock.release()
 
-    def drain(self) -> None:
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait for every pending fence (at most ``timeout`` s each, WAIT_TIMEOUT_S by default) and
+        free the slots. On a timeout the slot stays held and ``keep`` is never let go of: a copy
+        that may still read page-locked memory must not see it unregistered."""
         with self.lock:
-            pending, self.pending = self.pending, []
-        for fence, slot in pending:
-            fence.synchronize()
-            self.free(slot)
+            while True:
+                self._take_incoming()
+                if not self.pending:
+                    return
+                fences, slot = self.pending[0]
+                try:
+                    for f in fences:
+                        wait_for(f, f"the copies out of ring slot {slot} (a pending fence)", timeout)
+                except TimeoutError:
+                    LEAKED.append(self.keep)
+                    raise
+                self.pending.pop(0)
+                self.free(slot)
+                self.released += 1
 
     def __len__(self) -> int:
-        with self.lock:
-            return len(self.pending)
+        return len(self.pending) + len(self.incoming)
 
     def __del__(self) -> None:
         try:
             self.drain()  # before `keep` (the registrations) is released
+        except TimeoutError as exc:
+            logger.error("%s; its page-locked memory stays registered until the process exits", exc)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 

@@ -28,7 +28,7 @@ import torch
 
 from .. import _ext, _trace
 from ..core.shm import shared_segment
-from ..core.tree import map_tensors
+from ..core.tree import iter_tensors, map_tensors
 from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
@@ -179,6 +179,26 @@ class Ring:
                 "ring_slots_pending": pending, "ring_slots_filled": sum(1 for s in st if s > 0),
                 "ring_pinned": self.pinned,
                 "ring_pinned_bytes": self.registrations.pinned_bytes() if self.registrations is not None else 0}
+
+
+def fenced_slots(batch: Any) -> tuple[dict[Ring, set[int]], bool]:
+    """The slots of this process's fenced rings that ``batch``'s CPU tensors lie in, and whether
+    every CPU tensor of the batch lies in one."""
+    rings = [r for r in list(_RINGS.values()) if r.fences is not None and r.owner == _Pid.value]
+    found: dict[Ring, set[int]] = {}
+    covered = True
+    for t in iter_tensors(batch):
+        if t.device.type != "cpu":
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        for ring in rings:
+            base = ring.mem.data_ptr()
+            if base <= ptr < base + ring.slots * ring.slot_bytes:
+                found.setdefault(ring, set()).add((ptr - base) // ring.slot_bytes)
+                break
+        else:
+            covered = False
+    return found, covered
 
 
 def _worker_ring(state: dict[str, Any]) -> Ring:
