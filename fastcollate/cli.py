@@ -85,9 +85,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     loader_rows = bench.run_loaders(epochs=1 if args.quick else 3, progress=_progress)
     print("\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s):")
     print(bench.format_loader_table(loader_rows))
-    _progress("[loader] a new loader's first epoch, torch's vs fastcollate's")
+    _progress("[loader] a new loader's first two epochs, torch's vs fastcollate's")
     startup = bench.measure_startup(rounds=1 if args.quick else 3, batches=4 if args.quick else 12)
-    print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing):")
+    print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing), then its"
+          " second (persistent_workers=False: new workers again):")
     print(bench.format_startup(startup))
     from ._bench import storage as storage_bench
 
