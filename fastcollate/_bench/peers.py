@@ -8,6 +8,7 @@ is first checked equal to torch's where their outputs are comparable."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import statistics
 import tempfile
@@ -129,8 +130,9 @@ def _ray(w: Workload, n: int) -> Any:
 
     if not ray.is_initialized():
         ray.init(num_cpus=max(1, n), include_dashboard=False, log_to_driver=False)
-    rows = [{k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in w.dataset[i].items() if k != "name"}
-            for i in range(len(w.dataset))]
+    # Ray's default collate refuses string columns (numpy str_ arrays): the row without them
+    rows = [{k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in w.dataset[i].items()
+             if not isinstance(v, str)} for i in range(len(w.dataset))]
     ds = ray.data.from_items(rows)
     return _RayEpochs(ds, w.batch_size)
 
@@ -249,8 +251,8 @@ def run_peers(workers: int = 2, rounds: int = 3, quick: bool = False,
                     row.update(samples_per_s=med, spread=(min(steady[p]), max(steady[p])),
                                first_batch_s=statistics.median(first[p]), vs_torch=med / base if base else 0.0)
                 rows.append(row)
-            for loader in loaders.values():
-                del loader
+            loaders.clear()  # before the next workload's workers fork: no peer's loader is inherited
+            gc.collect()
     return {"rows": rows, "skipped": skipped, "workers": workers, "rounds": rounds}
 
 
