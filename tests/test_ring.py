@@ -326,3 +326,36 @@ def test_the_cached_pid_follows_forks():
     os.waitpid(child, 0)
     os.close(r)
     assert got == b"1"  # a worker tags its slots with its own pid (reclaim_dead relies on it)
+
+
+def _faults_writing(view):
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    view.numpy().fill(7)  # numpy: one thread (torch's intra-op pool does not survive a fork)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_new_worker_maps_a_slot_in_one_call_not_a_fault_per_page():
+    # a non-persistent loader's workers are new processes every epoch: they inherit the ring's
+    # mapping without its page table entries, and writing a batch faulted once per page
+    from fastcollate.loader.ring import Ring
+
+    ring = Ring(2, 8 << 20)
+    pages = (8 << 20) // 4096
+    slot, view = ring.claim_view(8 << 20)
+    assert _faults_writing(view) < pages // 8  # the parent's own first use: populated too
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            s2, v2 = ring.claim_view(8 << 20)
+            faults = _faults_writing(v2)
+            os.write(w, f"{s2} {faults}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+    s2, faults = map(int, os.read(r, 100).split())
+    assert s2 >= 0 and faults < pages // 8, (faults, pages)

@@ -46,6 +46,12 @@ class _Pid:
     @classmethod
     def refresh(cls) -> None:
         cls.value = os.getpid()
+        _POPULATED.clear()
+
+
+# (ring id, slot) -> bytes of the slot this process has mapped (see Ring.claim_view); a new
+# process starts with none
+_POPULATED: dict[tuple[str, int], int] = {}
 
 
 os.register_at_fork(after_in_child=_Pid.refresh)
@@ -117,7 +123,14 @@ class Ring:
 
     def claim_view(self, nbytes: int) -> tuple[int, torch.Tensor | None]:
         """A free slot and its first nbytes as a uint8 view, or (-1, None) when none is free."""
-        return _ext._C.ring_claim_view(self.mem, self.ctrl, _Pid.value, self.slot_bytes, nbytes)
+        slot, view = _ext._C.ring_claim_view(self.mem, self.ctrl, _Pid.value, self.slot_bytes, nbytes)
+        if slot >= 0 and _POPULATED.get((self.id, slot), -1) < nbytes:
+            # first use of this slot in this process: its pages mapped in one call, not one
+            # fault per page while the batch is written (a non-persistent loader's workers are
+            # new every epoch)
+            _ext._C.ring_populate(view)
+            _POPULATED[(self.id, slot)] = nbytes
+        return slot, view
 
     def slot_view(self, slot: int, nbytes: int) -> torch.Tensor:
         return self.mem.narrow(0, slot * self.slot_bytes, nbytes)
