@@ -1,6 +1,8 @@
 #include "engine/copy.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/pool.h"
@@ -19,7 +21,18 @@ namespace {
 // medium pieces of a batch, each under its threshold. Only in the main process: a worker's
 // first batches land on fresh pages of its ring slot, and there streaming is slower (a new
 // loader's first epoch loses its lead over torch's).
-constexpr size_t kStreamMinTotal = 8 << 20;
+constexpr size_t kStreamMinTotalDefault = 8 << 20;
+
+// FASTCOLLATE_STREAM_BYTES overrides the threshold (0: never stream), for A/B runs
+size_t stream_min_total() {
+  static const size_t value = [] {
+    const char* env = std::getenv("FASTCOLLATE_STREAM_BYTES");
+    if (env == nullptr || *env == 0) return kStreamMinTotalDefault;
+    const unsigned long long v = std::strtoull(env, nullptr, 10);
+    return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
+  }();
+  return value;
+}
 constexpr size_t kStreamMinPiece = 4 << 10;
 
 void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
@@ -69,7 +82,7 @@ void copy_pieces(const std::vector<CopyPiece>& pieces, uint8_t* base, int num_th
   int threads = std::max(1, num_threads);
   if (total < kParallelCopyMinBytes) threads = 1;
   threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(1, total / (kParallelCopyMinBytes / 2))));
-  const bool stream = stream_ok && total >= kStreamMinTotal;
+  const bool stream = stream_ok && total >= stream_min_total();
   if (threads == 1) {
     for (const auto& p : pieces) copy_range(base + p.dst_offset, p.src, p.nbytes, stream);
     store_fence(stream);
