@@ -159,10 +159,66 @@ void encode_element(at::ScalarType t, bool is_int, int64_t iv, double dv, uint8_
 
 std::atomic<uint64_t> g_gathered_batches{0};
 
+std::vector<int64_t> make_spans(const int64_t* pairs, int64_t count) {
+  std::vector<std::pair<int64_t, int64_t>> v;
+  v.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k)
+    if (pairs[2 * k + 1] > pairs[2 * k]) v.emplace_back(pairs[2 * k], pairs[2 * k + 1]);
+  std::sort(v.begin(), v.end());
+  std::vector<int64_t> out;
+  for (const auto& [lo, hi] : v) {
+    if (!out.empty() && lo <= out.back()) {
+      out.back() = std::max(out.back(), hi);
+    } else {
+      out.push_back(lo);
+      out.push_back(hi);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Whether [p, p + bytes) lies inside one of the sorted, disjoint spans.
+bool within(const int64_t* spans, int64_t nspans, uint64_t p, uint64_t bytes) {
+  int64_t lo = 0, hi = nspans;  // the last span starting at or before p
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<uint64_t>(spans[2 * mid]) <= p) lo = mid + 1; else hi = mid;
+  }
+  if (lo == 0) return false;
+  const uint64_t end = static_cast<uint64_t>(spans[2 * (lo - 1) + 1]);
+  return p < end && bytes <= end - p;
+}
+
+}  // namespace
+
+void check_jobs(const std::vector<Job>& jobs) {
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const Job& j = jobs[k];
+    const uint64_t src_item = c10::elementSize(j.src);
+    for (int64_t i = 0; i < j.rows; ++i) {
+      const int64_t len = j.lens ? j.lens[i] : j.L;
+      TORCH_CHECK_VALUE(len >= 0, "fastcollate gather: job ", k, ", row ", i, ": length ", len,
+                        " is negative (corrupt offsets?)");
+      if (j.kind != JobKind::Rows) continue;
+      // n <= L, and an output row of L positions fits the arena (checked where the job was
+      // made), so the byte count cannot overflow
+      const uint64_t bytes = static_cast<uint64_t>(std::min(len, j.L)) * static_cast<uint64_t>(j.inner) * src_item;
+      if (bytes == 0) continue;
+      const uint64_t p = static_cast<uint64_t>(j.ptrs[i]);
+      TORCH_CHECK_VALUE(within(j.spans, j.nspans, p, bytes), "fastcollate gather: job ", k, ", row ", i, " would read ",
+                        bytes, " bytes at address ", p, ", outside the memory of its source (corrupt offsets or "
+                        "lengths?); nothing was written");
+    }
+  }
+}
+
 // Row-major: row i of every job before row i + 1, so a sample's columns are written while its
 // source lines are still in cache (TokenWindows' input_ids and labels read the same window);
 // threads take contiguous row ranges, every job's rows costing the same.
 void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads) {
+  check_jobs(jobs);
   int64_t rows = 0;
   for (const Job& j : jobs) rows = std::max(rows, j.rows);
   auto run_rows = [&jobs](int64_t lo, int64_t hi) {

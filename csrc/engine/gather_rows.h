@@ -31,7 +31,15 @@ struct Job {
   bool left = false;
   bool transposed = false;        // Rows into an [L, B] block (inner == 1): default_collate of list rows
   size_t row_bytes = 0;           // output bytes per row
+  // The memory a Rows job may read: `nspans` [start, end) address pairs, sorted and disjoint
+  // (make_spans). Every row's read is checked against them before anything is written.
+  const int64_t* spans = nullptr;
+  int64_t nspans = 0;
 };
+
+// [start, end) pairs (flat) sorted by start, overlapping or touching ones merged: what
+// Job::spans points at. Empty pairs are dropped.
+std::vector<int64_t> make_spans(const int64_t* pairs, int64_t count);
 
 // Whether a column of t can be read, and whether a column may be converted into t.
 bool gather_supported(at::ScalarType t);
@@ -45,8 +53,14 @@ void encode_element(at::ScalarType t, bool is_int, int64_t iv, double dv, uint8_
 // than under a Python lock once per batch.
 extern std::atomic<uint64_t> g_gathered_batches;
 
-// Runs every job (GIL released by the caller); total: their output bytes, which decides the
-// threading.
+// Checks every row of every job -- lengths >= 0, each Rows job's reads within its spans -- and
+// raises (ValueError, naming the job and the row) before any byte is written: a damaged source
+// (a corrupt Arrow offset) or a planning mistake can never make the copy read or write outside
+// its memory. GIL-free.
+void check_jobs(const std::vector<Job>& jobs);
+
+// Checks the jobs (check_jobs), then runs every one (GIL released by the caller); total: their
+// output bytes, which decides the threading.
 void run_jobs(const std::vector<Job>& jobs, size_t total, int num_threads);
 
 }  // namespace fastcollate

@@ -35,6 +35,7 @@ struct GatherJob {
   bool left = false;                          // padding before the values
   bool transposed = false;                    // an [L, B] block: default_collate of list rows
   std::optional<std::vector<int64_t>> shape;  // the output view's shape; None: no view
+  std::optional<at::Tensor> spans;            // [k, 2] int64: the [start, end) addresses Rows may read
 };
 
 // The tensor stays alive for the whole call: the jobs, in the list the caller passed, hold it.
@@ -54,6 +55,8 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
   const size_t capacity = static_cast<size_t>(arena.numel());
   auto* base = static_cast<uint8_t*>(arena.data_ptr());
   std::vector<Job> jobs;
+  std::vector<std::vector<int64_t>> spans;  // each job's, sorted and merged (Job::spans points here)
+  spans.reserve(specs.size());
   py::list views;
   size_t total = 0;
   for (py::handle h : specs) {
@@ -77,6 +80,15 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
     TORCH_CHECK(j.src == j.dst_t || gather_convertible_to(j.dst_t) || j.kind != JobKind::Rows,
                 "fastcollate gather: no conversion from ", j.src, " into ", j.dst_t);
     TORCH_CHECK(j.kind != JobKind::Rows || j.ptrs != nullptr, "fastcollate gather: a rows job needs ptrs");
+    if (j.kind == JobKind::Rows) {  // what its rows may read: checked row by row before anything is written
+      TORCH_CHECK(s.spans.has_value() && s.spans->device().is_cpu() && s.spans->scalar_type() == at::kLong &&
+                      s.spans->dim() == 2 && s.spans->size(1) == 2 && s.spans->is_contiguous(),
+                  "fastcollate gather: a rows job needs spans, a contiguous [k, 2] int64 CPU tensor of the "
+                  "[start, end) addresses it may read");
+      spans.push_back(make_spans(s.spans->data_ptr<int64_t>(), s.spans->size(0)));
+      j.spans = spans.back().data();
+      j.nspans = static_cast<int64_t>(spans.back().size() / 2);
+    }
     TORCH_CHECK(!j.transposed || j.inner == 1, "fastcollate gather: a transposed job has one element per position");
     TORCH_CHECK(j.kind != JobKind::Lengths || j.dst_t == at::kLong, "fastcollate gather: lengths are int64");
     const size_t item = c10::elementSize(j.dst_t);
@@ -120,14 +132,15 @@ void register_gather_ops(pybind11::module_& m) {
   py::class_<GatherJob>(m, "GatherJob", "One output tensor of a planned gather (see fastcollate/data/gather.py).")
       .def(py::init([](JobKind kind, int64_t offset, std::optional<at::Tensor> ptrs, std::optional<at::Tensor> lens,
                        int64_t rows, int64_t L, int64_t inner, at::ScalarType src, at::ScalarType dst, py::object pad,
-                       bool left, bool transposed, std::optional<std::vector<int64_t>> shape) {
+                       bool left, bool transposed, std::optional<std::vector<int64_t>> shape,
+                       std::optional<at::Tensor> spans) {
              return GatherJob{kind, offset, std::move(ptrs), std::move(lens), rows, L, inner, src, dst,
-                              std::move(pad), left, transposed, std::move(shape)};
+                              std::move(pad), left, transposed, std::move(shape), std::move(spans)};
            }),
            py::kw_only(), py::arg("kind"), py::arg("offset"), py::arg("ptrs") = py::none(), py::arg("lens") = py::none(),
            py::arg("rows"), py::arg("L"), py::arg("inner") = 1, py::arg("src"), py::arg("dst"),
            py::arg("pad") = py::int_(0), py::arg("left") = false, py::arg("transposed") = false,
-           py::arg("shape") = py::none())
+           py::arg("shape") = py::none(), py::arg("spans") = py::none())
       .def_readonly("kind", &GatherJob::kind)
       .def_readonly("offset", &GatherJob::offset)
       .def_readonly("ptrs", &GatherJob::ptrs)
@@ -140,7 +153,8 @@ void register_gather_ops(pybind11::module_& m) {
       .def_readonly("pad", &GatherJob::pad)
       .def_readonly("left", &GatherJob::left)
       .def_readonly("transposed", &GatherJob::transposed)
-      .def_readonly("shape", &GatherJob::shape);
+      .def_readonly("shape", &GatherJob::shape)
+      .def_readonly("spans", &GatherJob::spans);
   m.def("gather", &gather, py::arg("arena"), py::arg("jobs"), py::arg("num_threads"));
 }
 

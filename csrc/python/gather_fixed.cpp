@@ -24,7 +24,9 @@ struct Column {
   at::ScalarType src = at::kByte, dst = at::kByte;
   std::vector<int64_t> trailing;                // the row's dimensions after L
   bool scalar = false;                          // a batch is [B]
+  int64_t lo = 0, hi = 0;                       // the [start, end) addresses of the memory rows live in
   size_t row_bytes = 0;                         // output bytes per row (computed by FixedGather)
+  std::vector<int64_t> spans;                   // {lo, hi}: what Job::spans points at
 };
 
 size_t aligned(size_t n) { return (n + kLeafAlign - 1) / kLeafAlign * kLeafAlign; }
@@ -44,6 +46,7 @@ class FixedGather {
                       (c.src == c.dst || gather_convertible_to(c.dst)),
                   "fastcollate FixedGather: no gather from ", c.src, " into ", c.dst);
       c.row_bytes = static_cast<size_t>(c.L * c.inner) * c10::elementSize(c.dst);
+      c.spans = make_spans(std::vector<int64_t>{c.lo, c.hi}.data(), 1);
       columns_.push_back(std::move(c));
     }
   }
@@ -92,6 +95,8 @@ class FixedGather {
       j.src = c.src;
       j.dst_t = c.dst;
       j.row_bytes = c.row_bytes;
+      j.spans = c.spans.data();
+      j.nspans = static_cast<int64_t>(c.spans.size() / 2);
       offsets[k] = at;
       at += aligned(c.row_bytes * B);
       total += c.row_bytes * B;
@@ -134,11 +139,11 @@ class FixedGather {
 void register_fixed_gather(pybind11::module_& m) {
   py::class_<Column>(m, "FixedColumn", "One column of a FixedGather: where its rows are and what they become.")
       .def(py::init([](int64_t base, int64_t row_stride, int64_t shift, int64_t L, int64_t inner, at::ScalarType src,
-                       at::ScalarType dst, std::vector<int64_t> trailing, bool scalar) {
-             return Column{base, row_stride, shift, L, inner, src, dst, std::move(trailing), scalar};
+                       at::ScalarType dst, std::vector<int64_t> trailing, bool scalar, int64_t lo, int64_t hi) {
+             return Column{base, row_stride, shift, L, inner, src, dst, std::move(trailing), scalar, lo, hi};
            }),
            py::kw_only(), py::arg("base"), py::arg("row_stride"), py::arg("shift"), py::arg("L"), py::arg("inner"),
-           py::arg("src"), py::arg("dst"), py::arg("trailing"), py::arg("scalar"))
+           py::arg("src"), py::arg("dst"), py::arg("trailing"), py::arg("scalar"), py::arg("lo"), py::arg("hi"))
       .def_readonly("base", &Column::base)
       .def_readonly("row_stride", &Column::row_stride)
       .def_readonly("shift", &Column::shift)
@@ -147,7 +152,9 @@ void register_fixed_gather(pybind11::module_& m) {
       .def_readonly("src", &Column::src)
       .def_readonly("dst", &Column::dst)
       .def_readonly("trailing", &Column::trailing)
-      .def_readonly("scalar", &Column::scalar);
+      .def_readonly("scalar", &Column::scalar)
+      .def_readonly("lo", &Column::lo)
+      .def_readonly("hi", &Column::hi);
   py::class_<FixedGather>(m, "FixedGather")
       .def(py::init<const py::list&, bool, int64_t, const py::list&, py::object>(), py::arg("keys"),
            py::arg("mapping"), py::arg("rows"), py::arg("columns"), py::arg("keep"))

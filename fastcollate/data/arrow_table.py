@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .columnar import BLOCK_BYTES, BatchColumn
-from .columns import torch_dtype_of
+from .columns import byte_span, spans_of, torch_dtype_of
 from .hf import ArrowDataError, check_list_chunk
 
 _RAY_TENSORS = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
@@ -98,22 +98,23 @@ class _Layout:
         return self.dims, ()
 
 
-def _elements(array: Any, layout: _Layout, keep: list) -> tuple[int, int]:
-    """(address of logical row 0's first element, elements per row) of a numeric or
-    fixed-size-list array, its slice offset and its children's applied. Bools are unpacked from
-    their bits into a byte array held in ``keep``."""
+def _elements(array: Any, layout: _Layout, keep: list) -> tuple[int, int, tuple[int, int]]:
+    """(address of logical row 0's first element, elements per row, the [start, end) addresses of
+    the buffer the elements lie in) of a numeric or fixed-size-list array, its slice offset and
+    its children's applied. Bools are unpacked from their bits into a byte array held in ``keep``."""
     import pyarrow as pa
 
     typ = array.type
     if pa.types.is_fixed_size_list(typ):
-        addr, per = _elements(array.values, layout, keep)
+        addr, per, span = _elements(array.values, layout, keep)
         size = int(typ.list_size)
-        return addr + array.offset * size * per * layout.item, size * per
+        return addr + array.offset * size * per * layout.item, size * per, span
     if pa.types.is_boolean(typ):
         flat = np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype=np.bool_)
         keep.append(flat)
-        return flat.ctypes.data, 1
-    return array.buffers()[1].address + array.offset * layout.item, 1
+        return flat.ctypes.data, 1, byte_span(flat)
+    data = array.buffers()[1]
+    return data.address + array.offset * layout.item, 1, byte_span(data)
 
 
 def _nulls(array: Any, name: str, chunk: int, start: int, nested: bool = True) -> None:
@@ -188,11 +189,15 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
         if array.null_count:
             _nulls(array, name, 0, 0)
         n = len(array)
-        addr = array.buffers()[1].address + array.offset * layout.item if n else 0
+        data = array.buffers()[1]
+        addr = data.address + array.offset * layout.item if n else 0
+        spans = spans_of([byte_span(data)] if n else [])
         if n * row_bytes < BLOCK_BYTES:
-            return BatchColumn(name, layout.dtype, np.array([addr], dtype=np.int64), None, fixed, (), block=True)
-        return BatchColumn(name, layout.dtype, addr + np.arange(n, dtype=np.int64) * row_bytes, None, fixed, ())
-    ptrs, lens, keep = [], [], []
+            return BatchColumn(name, layout.dtype, np.array([addr], dtype=np.int64), None, fixed, (), block=True,
+                               spans=spans)
+        return BatchColumn(name, layout.dtype, addr + np.arange(n, dtype=np.int64) * row_bytes, None, fixed, (),
+                           spans=spans)
+    ptrs, lens, keep, spans = [], [], [], []
     start = 0  # the batch row of the chunk's first row
     for k, chunk in enumerate(chunks):
         array = chunk.storage if layout.extension else chunk
@@ -205,15 +210,18 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
         start += n
         if not layout.variable:  # numbers, fixed-size lists, tensors stored as fixed-size lists
             if layout.plain:
-                addr = array.buffers()[1].address + array.offset * layout.item
+                data = array.buffers()[1]
+                addr, span = data.address + array.offset * layout.item, byte_span(data)
             else:
-                addr, _ = _elements(array, layout, keep)
+                addr, _, span = _elements(array, layout, keep)
+            spans.append(span)
             if len(chunks) == 1 and n * row_bytes < BLOCK_BYTES:
                 return BatchColumn(name, layout.dtype, np.array([addr], dtype=np.int64), None, fixed, (), keep,
-                                   block=True)
+                                   block=True, spans=spans_of(spans))
             ptrs.append(addr + np.arange(n, dtype=np.int64) * row_bytes)
             continue
-        addr, per = _elements(array.values, layout, keep)
+        addr, per, span = _elements(array.values, layout, keep)
+        spans.append(span)
         if layout.tensor is not None:  # Ray's tensor storage: a list whose rows must all hold the shape's values
             if offsets[-1] - offsets[0] != n * per_row or (np.diff(offsets) != per_row).any():
                 bad = int(np.flatnonzero(np.diff(offsets) != per_row)[0])
@@ -223,15 +231,15 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
             first = addr + int(offsets[0]) * layout.item
             if len(chunks) == 1 and n * row_bytes < BLOCK_BYTES:
                 return BatchColumn(name, layout.dtype, np.array([first], dtype=np.int64), None, fixed, (), keep,
-                                   block=True)
+                                   block=True, spans=spans_of(spans))
             ptrs.append(first + np.arange(n, dtype=np.int64) * row_bytes)
             continue
         lens.append(np.diff(offsets))
         ptrs.append(addr + offsets[:-1] * (per * layout.item))
     ptr = _joined(ptrs)
     if layout.variable and layout.tensor is None:
-        return BatchColumn(name, layout.dtype, ptr, _joined(lens), None, trailing, keep)
-    return BatchColumn(name, layout.dtype, ptr, None, fixed, (), keep)
+        return BatchColumn(name, layout.dtype, ptr, _joined(lens), None, trailing, keep, spans=spans_of(spans))
+    return BatchColumn(name, layout.dtype, ptr, None, fixed, (), keep, spans=spans_of(spans))
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

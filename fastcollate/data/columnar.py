@@ -31,7 +31,7 @@ import torch
 from .. import _ext
 from ..core.collator import usable_cores
 from ..core.pad import PadSpec, check_fits
-from .columns import torch_dtype_of
+from .columns import byte_span, spans_of, torch_dtype_of
 from .gather import GatherPlan
 
 # what the gather reads, and what it may convert into (csrc/engine/gather_rows.cpp)
@@ -51,7 +51,9 @@ class BatchColumn:
     ``fixed``: every row's shape (``()``: one number per row, a ``[B]`` batch), or None when
     rows have a variable first dimension (``lens``) followed by ``trailing``. ``block``: the rows
     are contiguous from ``ptrs[0]`` (one address), copied as one piece. ``keep`` holds whatever
-    the addresses point into that the caller would not otherwise keep alive.
+    the addresses point into that the caller would not otherwise keep alive. ``spans``: the
+    [start, end) addresses ([k, 2] int64) of the memory the rows lie in -- taken from the buffers
+    themselves, not from the offsets -- against which the engine checks every row it reads.
     """
 
     key: str
@@ -62,6 +64,7 @@ class BatchColumn:
     trailing: tuple[int, ...] = ()
     keep: list = dataclasses.field(default_factory=list)
     block: bool = False
+    spans: np.ndarray = dataclasses.field(default_factory=lambda: spans_of([]))
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -215,7 +218,8 @@ class ColumnarCollator:
                 longest = int(lens.max()) if rows else 0
                 L = spec.target(longest if spec.max_length is None else min(longest, spec.max_length))
                 left = spec.side == "left"
-                plan.add(col.key, kinds.Rows, ptrs, lens, L, inner, col.src, dst, (rows, L, *trailing), value, left)
+                plan.add(col.key, kinds.Rows, ptrs, lens, L, inner, col.src, dst, (rows, L, *trailing), value, left,
+                         spans=col.spans)
                 if col.key == spec.values[0][0]:
                     if spec.mask_key is not None:
                         tail.append(dict(key=spec.mask_key, kind=kinds.Mask, ptrs=None, lens=lens, L=L, inner=1,
@@ -237,7 +241,7 @@ class ColumnarCollator:
             else:
                 shape = (rows, *col.fixed)
                 L, inner = 1, _numel(col.fixed)
-            plan.add(col.key, kinds.Rows, ptrs, None, L, inner, col.src, dst, shape)
+            plan.add(col.key, kinds.Rows, ptrs, None, L, inner, col.src, dst, shape, spans=col.spans)
         groups = [_add_blocks(plan, kinds, rows, members, src, dst, fixed)
                   for (src, dst, fixed), members in blocks.items()]
         for job in tail:
@@ -247,7 +251,7 @@ class ColumnarCollator:
             arena = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         else:
             arena = _ext._C.pool_allocate(size)
-        views = _ext._C.gather(arena, plan.jobs, self._threads)
+        views = plan.run(arena, self._threads)
         out = {key: v for (key, _), v in zip(plan.keys, views)}
         for members, view in zip(groups, views[len(views) - len(tail) - len(groups):]):
             out.update(zip(members, view[:, :rows].unbind(0) if len(members) > 1 else [view]))
@@ -264,13 +268,14 @@ def _add_blocks(plan: GatherPlan, kinds: Any, rows: int, members: list[BatchColu
     with zeros; column c's tensor is ``block[c, :rows]``."""
     inner = _numel(fixed)
     if len(members) == 1:
-        plan.add(members[0].key, kinds.Rows, members[0].ptrs, None, rows, inner, src, dst, (rows, *fixed), rows=1)
+        plan.add(members[0].key, kinds.Rows, members[0].ptrs, None, rows, inner, src, dst, (rows, *fixed), rows=1,
+                 spans=members[0].spans)
         return [members[0].key]
     step = plan.align // math.gcd(plan.align, inner * dst.itemsize)  # rows per aligned stride
     L = -(-rows // step) * step
     ptrs = np.concatenate([m.ptrs for m in members])
     plan.add(members[0].key, kinds.Rows, ptrs, np.full(len(members), rows, dtype=np.int64), L, inner, src, dst,
-             (len(members), L, *fixed), rows=len(members))
+             (len(members), L, *fixed), rows=len(members), spans=np.concatenate([m.spans for m in members]))
     return [m.key for m in members]
 
 
@@ -306,17 +311,19 @@ def numpy_column(arr: Any, key: str) -> BatchColumn:
         arr = _dense(arr, keep)
         keep.append(arr)
         fixed = tuple(int(d) for d in arr.shape[1:])
+        spans = spans_of([byte_span(arr)])
         if arr.nbytes < BLOCK_BYTES:
-            return BatchColumn(key, src, np.array([arr.ctypes.data], dtype=np.int64), None, fixed, (), keep, block=True)
+            return BatchColumn(key, src, np.array([arr.ctypes.data], dtype=np.int64), None, fixed, (), keep, block=True,
+                               spans=spans)
         ptrs = arr.ctypes.data + np.arange(arr.shape[0], dtype=np.int64) * (arr.strides[0] if arr.shape[0] > 1 else 0)
-        return BatchColumn(key, src, ptrs, None, fixed, (), keep)
+        return BatchColumn(key, src, ptrs, None, fixed, (), keep, spans=spans)
     if arr.ndim != 1:
         raise TypeError(f"fastcollate: column {key!r} is an object array of {arr.ndim} dimensions; NumpyCollate "
                         "reads 1-D object arrays of arrays")
     src, trailing, ref = None, None, 0
     ptrs = np.zeros(len(arr), dtype=np.int64)
     lens = np.zeros(len(arr), dtype=np.int64)
-    shapes = []
+    shapes, spans = [], []
     for i, row in enumerate(arr):
         if not isinstance(row, np.ndarray) or row.dtype == object or row.ndim == 0:
             what = type(row).__name__ if not isinstance(row, np.ndarray) else f"a {row.ndim}-d {row.dtype} array"
@@ -335,6 +342,7 @@ def numpy_column(arr: Any, key: str) -> BatchColumn:
         row = _dense(row, keep)
         keep.append(row)
         ptrs[i], lens[i] = row.ctypes.data, row.shape[0]
+        spans.append(byte_span(row))
     if src is None:  # no values at all: pad's rule for lists of nothing
         src, trailing = torch.int64 if not shapes else torch_dtype_of(arr[0].dtype) or torch.int64, ()
-    return BatchColumn(key, src, ptrs, lens, None, tuple(trailing), keep)
+    return BatchColumn(key, src, ptrs, lens, None, tuple(trailing), keep, spans=spans_of(spans))

@@ -28,6 +28,30 @@ def _address(arr: Any) -> int:
     return arr.data_ptr() if isinstance(arr, torch.Tensor) else arr.__array_interface__["data"][0]
 
 
+def byte_span(x: Any) -> tuple[int, int]:
+    """[start, end) addresses of the memory ``x`` may be read from: a numpy array's (any
+    strides), a tensor's whole storage, a pyarrow Buffer. The gathers check every row they read
+    against these before copying (csrc/engine/gather_rows.cpp: check_jobs)."""
+    if isinstance(x, torch.Tensor):
+        storage = x.untyped_storage()
+        return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    if isinstance(x, np.ndarray):
+        lo, hi = _byte_bounds(x)
+        return int(lo), int(hi)
+    return int(x.address), int(x.address) + int(x.size)  # a pyarrow Buffer
+
+
+try:  # numpy >= 2
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # pragma: no cover - numpy 1.x
+    _byte_bounds = np.byte_bounds
+
+
+def spans_of(parts: Sequence[tuple[int, int]]) -> np.ndarray:
+    """A [k, 2] int64 array of [start, end) spans, what a gather job's ``spans`` takes."""
+    return np.asarray(parts, dtype=np.int64).reshape(-1, 2)
+
+
 def _strides_bytes(arr: Any) -> tuple[int, ...]:
     if isinstance(arr, torch.Tensor):
         return tuple(s * arr.element_size() for s in arr.stride())
@@ -111,6 +135,7 @@ class HeldArray:
         # spawned worker, reads its own)
         self.address = _address(arr)
         self.stride0 = _strides_bytes(arr)[0] if arr.ndim else 0
+        self.span = byte_span(arr)
 
     def __reduce__(self):
         if self.mm is not None:
@@ -145,6 +170,11 @@ class Source:
 
     def ptrs(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def spans(self) -> np.ndarray | None:
+        """The [start, end) addresses (a [k, 2] int64 array) of the memory every row lies in;
+        None: unknown, and the gather leaves the batch to the ordinary path."""
+        return None
 
     def affine(self) -> tuple[int, int, int] | None:
         """(address, row stride, shift) in bytes when row r always starts at address + r * stride
@@ -191,6 +221,9 @@ class ArraySource(Source):
 
     def check(self) -> None:
         self.holder.check(self.key)
+
+    def spans(self) -> np.ndarray:
+        return spans_of([self.holder.span])
 
     @property
     def needs_check(self) -> bool:

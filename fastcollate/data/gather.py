@@ -36,18 +36,39 @@ class GatherPlan:
 
     def add(self, key: Any, kind: Any, ptrs: np.ndarray | None, lens: np.ndarray | None, L: int, inner: int,
             src: torch.dtype, dst: torch.dtype, shape: tuple[int, ...], pad: Any = 0, left: bool = False,
-            as_list: bool = False, rows: int | None = None) -> None:
+            as_list: bool = False, rows: int | None = None, spans: np.ndarray | None = None) -> None:
         """A job of ``kind`` (a ``_C.JobKind``) writing the [shape] output of ``key``; ``rows``
         (default: the batch's) lets a contiguous source be one row of ``L`` positions: one copy,
-        no per-row addresses."""
+        no per-row addresses. ``spans``: the [k, 2] [start, end) addresses a rows job may read
+        (the engine checks every row against them before writing anything)."""
         at = self.nbytes
         size = _numel(shape) * dst.itemsize
         self.nbytes = at + (size + self.align - 1) // self.align * self.align
         self.jobs.append(_ext._C.GatherJob(
             kind=kind, offset=at, ptrs=None if ptrs is None else torch.from_numpy(ptrs),
             lens=None if lens is None else torch.from_numpy(lens), rows=self.B if rows is None else rows, L=L,
-            inner=inner, src=src, dst=dst, pad=pad, left=left, transposed=as_list, shape=shape))
+            inner=inner, src=src, dst=dst, pad=pad, left=left, transposed=as_list, shape=shape,
+            spans=None if spans is None else torch.from_numpy(np.ascontiguousarray(spans, dtype=np.int64))))
         self.keys.append((key, as_list))
+
+    def run(self, arena: torch.Tensor, threads: int) -> list[Any]:
+        """The jobs run into ``arena``: each job's output view (None where it has no shape). A row
+        that would read outside its source raises ValueError naming the column."""
+        try:
+            return _ext._C.gather(arena, self.jobs, threads)
+        except ValueError as exc:
+            msg = str(exc)
+            job = _job_index(msg)
+            if job is None or job >= len(self.keys):
+                raise
+            raise ValueError(f"fastcollate: column {self.keys[job][0]!r}: {msg}") from None
+
+
+def _job_index(msg: str) -> int | None:
+    import re
+
+    m = re.search(r"job (\d+), row", msg)
+    return int(m.group(1)) if m else None
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -72,10 +93,14 @@ def _template(layout: Any) -> Any:
         if where is None or s.lists:
             columns = None
             break
+        spans = s.spans()
+        if spans is None or len(spans) != 1:
+            columns = None
+            break
         base, row_stride, shift = where
         columns.append(_ext._C.FixedColumn(base=base, row_stride=row_stride, shift=shift, L=1 if s.scalar else s.fixed,
                                            inner=_numel(s.trailing), src=s.src, dst=s.out, trailing=list(s.trailing),
-                                           scalar=s.scalar))
+                                           scalar=s.scalar, lo=int(spans[0, 0]), hi=int(spans[0, 1])))
     template = None if columns is None else _ext._C.FixedGather(list(layout.sources), layout.mapping, layout.n,
                                                                 columns, tuple(layout.sources.values()))
     layout.compiled["fixed"] = template
@@ -114,6 +139,9 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
             return None
         if any(k is not None and k in sources for k in (spec.mask_key, spec.lengths_key)):
             return None
+    spans = {key: s.spans() for key, s in sources.items()}
+    if any(v is None for v in spans.values()):
+        return None  # memory the engine cannot bound: the ordinary path
     kinds = _ext._C.JobKind
     plan = GatherPlan(B)
     padded = dict(spec.values) if spec is not None else {}
@@ -132,7 +160,8 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
             longest = int(lens.max())
             L = spec.target(longest if spec.max_length is None else min(longest, spec.max_length))
             left = spec.side == "left"
-            plan.add(key, kinds.Rows, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left)
+            plan.add(key, kinds.Rows, ptrs, lens, L, inner, s.src, dtype, (B, L, *s.trailing), padded[key], left,
+                     spans=spans[key])
             if key == spec.values[0][0]:
                 if spec.mask_key is not None:
                     tail.append(dict(key=spec.mask_key, kind=kinds.Mask, ptrs=None, lens=lens, L=L, inner=1,
@@ -148,15 +177,16 @@ def gather(ds: Any, indices: Any, alloc: Any, threads: int, pad: PadSpec | None)
         else:
             length = 1 if s.scalar else s.fixed
         if s.lists and not s.scalar:  # default_collate of list rows: one [B] tensor per position
-            plan.add(key, kinds.Rows, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True)
+            plan.add(key, kinds.Rows, ptrs, None, length, 1, s.src, s.list_dtype(), (length, B), as_list=True,
+                     spans=spans[key])
             continue
         shape = (B,) if s.scalar else (B, length, *s.trailing)
-        plan.add(key, kinds.Rows, ptrs, None, length, inner, s.src, s.out, shape)
+        plan.add(key, kinds.Rows, ptrs, None, length, inner, s.src, s.out, shape, spans=spans[key])
     for job in tail:
         plan.add(**job)
     size = max(plan.nbytes, plan.align)
     arena = _ext._C.pool_allocate(size) if alloc is None else alloc(size)
-    views = _ext._C.gather(arena, plan.jobs, threads)
+    views = plan.run(arena, threads)
     values = {key: list(v.unbind(0)) if as_list else v for (key, as_list), v in zip(plan.keys, views)}
     # default_collate: a list for tuple samples; a dict in the samples' key order, padding's
     # mask and lengths appended

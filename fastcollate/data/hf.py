@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .arrays import ArrayDataset
-from .columns import Source, torch_dtype_of
+from .columns import Source, byte_span, spans_of, torch_dtype_of
 
 
 class ArrowDataError(ValueError):
@@ -86,8 +86,9 @@ def check_list_chunk(array: Any, column: str, chunk: int) -> np.ndarray | None:
             raw = np.frombuffer(bufs[1], dtype=kind, count=start + n + 1)
             offsets = raw[start:].astype(np.int64, copy=False)
             steps = np.diff(offsets)
-            if offsets[0] >= 0 and offsets[-1] <= len(values) and (n == 1 or steps.min() >= 0):
-                # the usual case, in one pass: non-decreasing from >= 0, so every offset is within the values
+            if 0 <= offsets[0] and offsets[-1] <= len(values) and steps.min() >= 0:
+                # the usual case: non-decreasing from >= 0 up to <= the values, so every offset is within
+                # them -- one row included (its two offsets are checked like any others')
                 _check_child(values, column, chunk, where)
                 return offsets
             hint = "the data is truncated or corrupt (a damaged cache file? delete it and let it be written again)"
@@ -203,7 +204,10 @@ class _ArrowColumn(Source):
             raise ArrowDataError(f"fastcollate: the indices mapping of column {self.key!r} points at row "
                                  f"{int(rows.max() if rows.max() >= len(ptr) else rows.min())} of a table of "
                                  f"{len(ptr)} rows: the indices cache file is corrupt")
-        return ptr, length, rows, keep
+        return ptr, length, rows, keep, spans_of([byte_span(f) for f in keep])
+
+    def spans(self) -> np.ndarray:
+        return self._tables()[4]
 
     def _mapped(self, rows: np.ndarray) -> np.ndarray:
         mapping = self._tables()[2]

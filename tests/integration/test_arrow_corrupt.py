@@ -178,3 +178,48 @@ def test_a_truncated_file_is_refused_by_pyarrow_at_open(tmp_path):
 
 def test_error_is_a_value_error():
     assert issubclass(ArrowDataError, ValueError)
+
+
+# -- one-row chunks: their two offsets are checked like any others' --------------------------------
+
+def _damaged_one_row_table(offsets):
+    """A two-chunk list column whose second chunk (one row over 3 values) gets ``offsets`` after
+    the table was made (pyarrow validates at construction; a file read back does not)."""
+    raw = np.array([0, 3], dtype=np.int32)
+    damaged = pa.Array.from_buffers(pa.list_(pa.int64()), 1, [None, pa.py_buffer(raw)],
+                                    children=[pa.array([1, 2, 3], type=pa.int64())])
+    table = pa.table({"ids": pa.chunked_array([pa.array([[7, 8]], type=pa.list_(pa.int64())), damaged])})
+    raw[:] = offsets
+    return table, damaged
+
+
+DAMAGED_ONE_ROW = {(5, 2): "row 0 starts at offset 5", (13, 0): "row 0 starts at offset 13",
+                   (1 << 30, 0): f"row 0 starts at offset {1 << 30}", (0, -5): "offsets decrease at row 0",
+                   (2, 1): "offsets decrease at row 0", (-1, 2): "the first list offset is -1",
+                   (0, 4): "row 0 ends at offset 4"}
+
+
+@pytest.mark.parametrize("offsets", list(DAMAGED_ONE_ROW), ids=str)
+def test_a_damaged_one_row_chunk_is_refused(offsets):
+    table, damaged = _damaged_one_row_table(offsets)
+    with pytest.raises(ArrowDataError, match=DAMAGED_ONE_ROW[offsets]):
+        check_list_chunk(damaged, "ids", 1)
+    from fastcollate.data.columnar import ColumnarCollator
+
+    for collator in (ColumnarCollator(pad={"ids": 0}), ColumnarCollator()):
+        with pytest.raises(ArrowDataError, match="column 'ids', chunk 1"):
+            collator.arrow(table)
+
+
+@pytest.mark.parametrize("offsets", [(5, 2), (13, 0), (1 << 30, 0), (0, -5), (0, 4)], ids=str)
+def test_the_engine_checks_every_row_itself(offsets, monkeypatch):
+    # defence in depth: with the Arrow check switched off, the gather's own span check refuses
+    # the row before a byte is written (it used to write past the row and the arena)
+    from fastcollate.data import arrow_table
+    from fastcollate.data.columnar import ColumnarCollator
+
+    monkeypatch.setattr(arrow_table, "check_list_chunk", lambda array, name, k: array.offsets.to_numpy()
+                        .astype(np.int64) if hasattr(array, "offsets") else None)
+    table, _ = _damaged_one_row_table(offsets)
+    with pytest.raises(ValueError, match=r"column 'ids': .*(outside the memory of its source|is negative)"):
+        ColumnarCollator(pad={"ids": 0}).arrow(table)
