@@ -7,7 +7,6 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from fastcollate.loader.ring import RingHandle
 from helpers import assert_same
 from sample_data import Mixed
 
@@ -20,7 +19,7 @@ def test_batch_size_none_converts_like_torch(workers):
     assert len(ours) == 9
     for a, b in zip(ours, theirs):
         assert_same(a, b, contiguous=False)
-    assert fastcollate.DataLoader(ds, batch_size=None, num_workers=workers).stats() == {"ring": False}
+    assert not fastcollate.DataLoader(ds, batch_size=None, num_workers=workers).stats()["ring"]
 
 
 def test_generic_like_torch():
@@ -49,7 +48,6 @@ def test_a_loader_rebuilt_from_attributes_yields_batches_and_keeps_the_ring(ctx)
                              num_workers=ours.num_workers, multiprocessing_context=ctx)
     hits = ours.stats()["ring_hits"]
     for a, b in zip(rebuilt, tud.DataLoader(Mixed(40), batch_size=4), strict=True):
-        assert not isinstance(a, RingHandle)
         assert_same(a, b)
     assert ours.stats()["ring_hits"] - hits == 10  # the rebuilt loader's workers used the same ring
     again = fastcollate.DataLoader(ours.dataset, batch_size=4, collate_fn=ours.collate_fn, num_workers=2)

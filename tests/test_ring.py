@@ -85,10 +85,10 @@ def test_iterable_dataset_sharded_by_worker():
 
 
 def test_main_process_and_custom_collate_have_no_ring():
-    assert fastcollate.DataLoader(Imgs(), batch_size=4).stats() == {"ring": False}
+    assert fastcollate.DataLoader(Imgs(), batch_size=4).stats() == {"ring": False, "ring_off": "num_workers=0"}
     l = fastcollate.DataLoader(Imgs(), batch_size=4, num_workers=2, collate_fn=tud.default_collate)
     assert_same(list(l), list(tud.DataLoader(Imgs(), batch_size=4, num_workers=2)), contiguous=False)
-    assert l.stats() == {"ring": False}
+    assert l.stats() == {"ring": False, "ring_off": "the collate_fn is not fastcollate's"}
 
 
 def test_batches_are_views_of_one_slot_and_never_overwritten_while_held():

@@ -7,10 +7,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 
 #include "bindings/register.h"
 #include "engine/ring_state.h"
+#include "engine/shared_fd.h"
 #include "python/plan.h"
 
 namespace fastcollate {
@@ -78,7 +80,83 @@ void end_lease(void* ctx) {
   PyGILState_Release(gil);
 }
 
+// A worker's claim of a slot: the arena its collate writes into. The claim has a storage of its
+// own (over the slot's bytes, not the ring's whole storage), so the ring learns when the worker's
+// last view of the batch dies: a batch that was never sent -- its collate raised, or a collate
+// that post-processes ours dropped it -- frees its slot then; a sent one is the main process's
+// to free (its lease, when the batch's last view dies there).
+struct WorkerClaim {
+  at::Tensor ring;
+  at::Tensor ctrl;
+  int64_t slot;
+  int64_t tag;  // the worker's pid: the slot's state while the worker owns it
+  int64_t nbytes;
+  pid_t owner;
+  std::atomic<bool> sent{false};
+};
+
+void end_claim(void* ctx) {
+  std::unique_ptr<WorkerClaim> claim(static_cast<WorkerClaim*>(ctx));
+  // a process forked from the worker holds a copy of the views, not the claim
+  if (!claim->sent.load() && getpid() == claim->owner) ring_transfer(claim->ctrl, claim->slot, claim->tag, 0);
+}
+
+// The largest byte a view of sizes/strides at byte_offset touches, + 1 (0 for an empty view).
+int64_t view_extent(int64_t byte_offset, size_t item, const std::vector<int64_t>& sizes,
+                    const std::vector<int64_t>& strides) {
+  int64_t last = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return 0;
+    TORCH_CHECK(sizes[d] > 0 && strides[d] >= 0, "fastcollate: a leaf of shape ", sizes, " and strides ", strides,
+                " cannot be a view of a batch arena");
+    last += (sizes[d] - 1) * strides[d];
+  }
+  return byte_offset + (last + 1) * static_cast<int64_t>(item);
+}
+
 }  // namespace
+
+// A worker claims a free slot for a batch of nbytes: (slot, a uint8 tensor over its first nbytes
+// whose storage is the claim), or (-1, None) when none is free. Never releases the GIL (see
+// ring_claim_view).
+py::tuple ring_claim_slot(const at::Tensor& ring, const at::Tensor& ctrl, int64_t tag, int64_t slot_bytes,
+                          int64_t nbytes) {
+  TORCH_CHECK(ring.device().is_cpu() && ring.scalar_type() == at::kByte && ring.is_contiguous(),
+              "fastcollate ring: the ring must be a contiguous uint8 CPU tensor");
+  TORCH_CHECK(nbytes >= 0 && nbytes <= slot_bytes, "fastcollate ring: a batch of ", nbytes,
+              " bytes does not fit a slot of ", slot_bytes);
+  const int64_t slot = ring_claim(ctrl, tag);
+  if (slot < 0) return py::make_tuple(slot, py::none());
+  TORCH_CHECK((slot + 1) * slot_bytes <= ring.numel(), "fastcollate ring: slot ", slot, " is outside the ring");
+  uint8_t* data = ring.data_ptr<uint8_t>() + slot * slot_bytes;
+  auto claim = std::make_unique<WorkerClaim>();
+  claim->ring = ring;
+  claim->ctrl = ctrl;
+  claim->slot = slot;
+  claim->tag = tag;
+  claim->nbytes = nbytes;
+  claim->owner = getpid();
+  c10::DataPtr ptr(data, claim.release(), &end_claim, c10::Device(c10::DeviceType::CPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr, false);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    caffe2::TypeMeta::Make<uint8_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
+  return py::make_tuple(slot, t);
+}
+
+// For a tensor that lies in a worker's claim (ring_claim_slot): (ring address, slot, tag,
+// nbytes, the tensor's byte offset in the slot), and the claim is marked sent -- its slot is
+// then the main process's to free. None for any other tensor.
+py::object ring_claim_send(const at::Tensor& t) {
+  if (!t.has_storage() || !t.device().is_cpu()) return py::none();
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &end_claim) return py::none();
+  auto* claim = static_cast<WorkerClaim*>(dp.get_context());
+  claim->sent.store(true);
+  const int64_t offset = t.storage_offset() * static_cast<int64_t>(t.element_size());
+  return py::make_tuple(reinterpret_cast<int64_t>(claim->ring.data_ptr()), claim->slot, claim->tag, claim->nbytes,
+                        offset);
+}
 
 // The main process takes slot `slot` (filled by worker `from`) for a batch: a uint8 tensor over
 // its bytes whose storage, when the last view dies, frees the slot.
@@ -138,10 +216,14 @@ bool ring_populate(const at::Tensor& view) {
 
 // A view of dtype, sizes and strides at byte_offset of a leased slot (the main process's side of
 // a ring batch), made without releasing the GIL (see ring_claim_view).
+// The same for any received arena (fastcollate.loader.wire): the view must lie inside it.
 at::Tensor ring_view(const at::Tensor& lease, int64_t byte_offset, at::ScalarType dtype, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides) {
   TORCH_CHECK(byte_offset >= 0 && sizes.size() == strides.size(), "fastcollate ring: a leaf at byte ", byte_offset,
               " of ", dtype, " is misplaced");
+  const int64_t end = view_extent(byte_offset, c10::elementSize(dtype), sizes, strides);
+  TORCH_CHECK(end <= lease.numel() * static_cast<int64_t>(lease.element_size()), "fastcollate: a leaf of shape ",
+              sizes, " at byte ", byte_offset, " runs past its arena of ", lease.numel(), " bytes");
   return arena_view(lease, static_cast<size_t>(byte_offset), dtype, sizes, strides);
 }
 
@@ -151,6 +233,17 @@ void register_ring_ops(pybind11::module_& m) {
   m.def("ring_view", &ring_view, pybind11::arg("lease"), pybind11::arg("byte_offset"), pybind11::arg("dtype"),
         pybind11::arg("sizes"), pybind11::arg("strides"));
   m.def("ring_populate", &ring_populate, pybind11::arg("view"));
+  m.def("ring_claim_slot", &ring_claim_slot, pybind11::arg("ring"), pybind11::arg("ctrl"), pybind11::arg("tag"),
+        pybind11::arg("slot_bytes"), pybind11::arg("nbytes"));
+  m.def("ring_claim_send", &ring_claim_send, pybind11::arg("tensor"));
+  m.def("map_fd", &map_fd, pybind11::arg("fd"), pybind11::arg("nbytes"));
+  m.def(
+      "read_fd",
+      [](int fd, int64_t nbytes, const at::Tensor& out) {
+        py::gil_scoped_release no_gil;
+        read_fd(fd, nbytes, out);
+      },
+      pybind11::arg("fd"), pybind11::arg("nbytes"), pybind11::arg("out"));
   m.def("ring_claim", &ring_claim, pybind11::arg("ctrl"), pybind11::arg("tag"));
   m.def("ring_transfer", &ring_transfer, pybind11::arg("ctrl"), pybind11::arg("slot"), pybind11::arg("from_"),
         pybind11::arg("to"));

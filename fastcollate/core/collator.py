@@ -47,8 +47,33 @@ def usable_cores() -> int:
 
 
 def alloc_shared(nbytes: int) -> torch.Tensor:
-    """A worker batch's arena: shared memory that reaches the main process without /dev/shm."""
+    """A worker batch's arena: shared memory that reaches the main process without /dev/shm
+    (sent as torch sends its own: in torch's DataLoader a batch is what default_collate's is)."""
     return shared_segment(nbytes, "fastcollate-batch")
+
+
+# Inside a DataLoader worker, where a collate's arena comes from: set for the time of one
+# collate_fn call by whoever wraps it (the worker ring's RingCollator), read by every Collator
+# that runs inside that call -- a Collator subclass's own __call__, or a collate_fn that wraps
+# or post-processes ours, included.
+_worker_arena = threading.local()
+
+
+class worker_arenas:
+    """``with worker_arenas(alloc):`` -- Collators running in this thread take their worker
+    arenas from ``alloc`` (nbytes -> uint8 tensor) instead of a new shared segment."""
+
+    def __init__(self, alloc: Any) -> None:
+        self.alloc = alloc
+
+    def __enter__(self) -> "worker_arenas":
+        self.prev = getattr(_worker_arena, "alloc", None)
+        _worker_arena.alloc = self.alloc
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _worker_arena.alloc = self.prev
+
 
 
 def _alloc_pinned(nbytes: int) -> torch.Tensor:
@@ -231,7 +256,8 @@ class Collator:
             return reference.collate(batch) if self.pad is None else self.pad.collate(batch)
         in_worker = get_worker_info() is not None
         if in_worker:
-            alloc, threads = worker_alloc or alloc_shared, self.num_threads or 1
+            alloc = worker_alloc or getattr(_worker_arena, "alloc", None) or alloc_shared
+            threads = self.num_threads or 1
         else:
             alloc, threads = (_alloc_pinned if self.pin_memory else None), self._main_threads
         hook = _gather_hook(batch)

@@ -10,6 +10,7 @@ whose arena is a memfd crosses the worker queue as torch's own batches do, /dev/
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -29,3 +30,41 @@ def shared_segment(nbytes: int, name: str = "fastcollate") -> torch.Tensor:
     else:  # pragma: no cover - not Linux
         storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+# Batch arenas made in this process that may be sent by reference (fastcollate.loader.wire):
+# storage (its StorageImpl address) -> [a weak reference to it, the reference object the wire
+# made for it or None, a note]. A dead storage's address may be reused: the weak reference tells.
+_SENDABLE: dict[int, list] = {}
+_pruned_at = [64]
+
+
+def batch_arena(nbytes: int, note: Any = None) -> torch.Tensor:
+    """A batch's arena in a DataLoader worker: a shared segment (see shared_segment) recorded as
+    one of fastcollate's, which the worker sends by reference rather than as torch would;
+    ``note`` travels with the reference (the ring a fallback arena belongs to)."""
+    arena = shared_segment(nbytes, "fastcollate-batch")
+    if MEMFD:
+        remember(arena.untyped_storage(), None, note)
+    return arena
+
+
+def remember(storage: torch.UntypedStorage, ref: Any, note: Any = None) -> list:
+    """Records a storage as one that is sent by reference (``ref``: the reference object, or
+    None until the wire makes one); returns its registry entry."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    entry = _SENDABLE[storage._cdata] = [StorageWeakRef(storage), ref, note]
+    if len(_SENDABLE) > 2 * _pruned_at[0]:  # drop the entries of storages that died
+        for key in [k for k, v in _SENDABLE.items() if v[0].expired()]:
+            del _SENDABLE[key]
+        _pruned_at[0] = max(64, len(_SENDABLE))
+    return entry
+
+
+def sendable(storage: torch.UntypedStorage) -> list | None:
+    """The registry entry ([weak reference, reference object, note]) of a live batch arena, else None."""
+    entry = _SENDABLE.get(storage._cdata)
+    if entry is None or entry[0].expired():
+        return None
+    return entry

@@ -1,5 +1,5 @@
 """DataLoader workers -> the main process: fastcollate.DataLoader, the recycled ring of shared
-slots and the handles that cross the worker queue, page-locked slots and the fences before one
+slots, how a worker's arenas cross the queue (wire), page-locked slots and the fences before one
 is reused. ``from fastcollate.loader import DataLoader, StatefulDataLoader`` works as it did
 when this was one module."""
 from typing import Any

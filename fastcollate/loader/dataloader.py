@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data._utils.collate import default_convert
 
-from .. import _ext, _trace
+from .. import _ext
 from ..core.collator import Collator, collate as _collate_fn
-from .ring import Ring, RingCollator
+from .ring import ForeignRing, Ring, RingCollator
 
 logger = logging.getLogger("fastcollate")
 _SIGNATURE = inspect.signature(tud.DataLoader.__init__)
@@ -25,58 +27,168 @@ def _ours(fn: Any) -> bool:
     return fn is _collate_fn or isinstance(fn, Collator)
 
 
+_PENDING = object()  # a RingCollator's inner before torch's arguments say which default applies
+_said: set[str] = set()  # the reasons for no ring already logged in this process
+
+
 class _RingLoader:
-    """The ring, for any DataLoader class whose __init__ takes torch's arguments."""
+    """The ring, for any DataLoader class. What decides it is what reaches torch's
+    ``DataLoader.__init__`` (read by _AtTorch, which sits right before it in the class's MRO):
+    the collate_fn, batch_size / batch_sampler, num_workers, prefetch_factor and pin_memory the
+    class passes on, its own defaults and renamed arguments included."""
 
-    _base_signature = _SIGNATURE
+    _ring: "Ring | ForeignRing | None" = None
+    _ring_collator: RingCollator | None = None
+    _ring_off = "not set up"
 
-    def _setup(self, dataset: Any, args: tuple, kwargs: dict, ring: bool, ring_slot_bytes: int | None,
-               ring_max_bytes: int) -> dict[str, Any]:
-        bound = self._base_signature.bind(self, dataset, *args, **kwargs)
-        arguments = dict(bound.arguments)
-        arguments.pop("self")
-        for p in self._base_signature.parameters.values():
-            if p.kind is p.VAR_KEYWORD:
-                arguments.update(arguments.pop(p.name, {}))
-            elif p.kind is p.VAR_POSITIONAL and arguments.pop(p.name, ()):
-                raise TypeError(f"{type(self).__name__} with the ring: pass the arguments after the dataset by "
-                                "keyword (batch_size=..., num_workers=...)")
-        collate_fn = arguments.get("collate_fn")
-        if isinstance(collate_fn, RingCollator):  # re-created from a loader's attributes (Lightning)
-            collate_fn = collate_fn.inner
-        auto_collation = arguments.get("batch_size", 1) is not None or arguments.get("batch_sampler") is not None
-        if collate_fn is None and auto_collation:
-            collate_fn = _collate_fn
-        num_workers = arguments.get("num_workers", 0)
-        self._ring: Ring | None = None
-        if (ring and auto_collation and _ours(collate_fn) and num_workers > 0 and sys.platform.startswith("linux")
-                and _ext._C is not None):
-            self._ring = _make_ring(num_workers, arguments.get("prefetch_factor"), ring_slot_bytes, ring_max_bytes,
-                                    bool(arguments.get("pin_memory", False)))
-        arguments["collate_fn"] = RingCollator(collate_fn, self._ring) if self._ring is not None else collate_fn
-        return arguments
+    def __init__(self, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
+                 ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
+        self._ring_options = (ring, ring_slot_bytes, ring_max_bytes)
+        self._ring_resolved = False
+        self._ring_collator = None
+        if type(self)._ring_base is not tud.DataLoader:
+            args, kwargs = self._offer_collate(args, kwargs)
+        super().__init__(*args, **kwargs)
+        if not self._ring_resolved:  # the class called torch's __init__ directly, not through super()
+            self._resolve_from_attributes()
+
+    _ring_base: type = tud.DataLoader  # the loader class the ring was added to
+
+    def _offer_collate(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A subclass of torch's DataLoader may wrap the collate_fn it is given (LitData's does):
+        where the user gives it fastcollate's collate -- or none, and the class's own default is
+        None -- it is given a RingCollator, whose ring is decided once torch's arguments are known."""
+        base = type(self)._ring_base
+        try:
+            signature = inspect.signature(base.__init__)
+            params = list(signature.parameters.values())[1:]
+            if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+                signature = _SIGNATURE  # (self, *args, **kwargs): torch's arguments, passed through
+            bound = signature.bind(self, *args, **kwargs)
+        except (TypeError, ValueError):
+            return args, kwargs  # the class reports its own error
+        named = signature.parameters.get("collate_fn")
+        if named is not None and named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY):
+            given = bound.arguments.get("collate_fn", named.default)  # the class's own default counts
+            if given is inspect.Parameter.empty:
+                return args, kwargs
+        else:  # not one of its arguments: passed on to torch in **kwargs, if at all
+            var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+            if var_kw is None:
+                return args, kwargs
+            given = bound.arguments.get(var_kw, {}).get("collate_fn")
+        if isinstance(given, RingCollator):  # re-created from a loader's attributes
+            given = given.inner
+        if given is None:
+            offer = RingCollator(_PENDING, None)
+        elif _ours(given):
+            offer = RingCollator(given, None)
+        else:
+            return args, kwargs  # the class's own collate (its default, or the user's): torch's path
+        self._ring_collator = offer
+        if named is not None and named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY):
+            bound.arguments["collate_fn"] = offer
+        else:
+            bound.arguments[var_kw] = {**bound.arguments.get(var_kw, {}), "collate_fn": offer}
+        return bound.args[1:], bound.kwargs
+
+    def _at_torch(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """torch's DataLoader arguments as the class passes them: the collate_fn settled and the
+        ring made where it serves."""
+        self._ring_resolved = True
+        try:
+            bound = _SIGNATURE.bind(self, *args, **kwargs)
+        except TypeError:
+            return args, kwargs  # torch reports its own error
+        bound.apply_defaults()
+        a = bound.arguments
+        auto = a["batch_size"] is not None or a["batch_sampler"] is not None
+        collate = a["collate_fn"]
+        offered = self._ring_collator
+        if offered is not None and offered.inner is _PENDING:
+            offered.inner = _collate_fn if auto else default_convert
+        if isinstance(collate, RingCollator) and collate is not offered:
+            collate = collate.inner  # a RingCollator of another loader (re-created from its attributes)
+        if collate is None and auto:
+            collate = _collate_fn
+        if _ours(collate) and (offered is not None or (self._ring_options[0] and auto and a["num_workers"])):
+            # wrapped where a ring may serve it; a loader without workers keeps what it was given
+            offered = self._ring_collator = RingCollator(collate, None)
+            collate = offered
+        elif _ours(collate):
+            self._ring_collator = None
+        a["collate_fn"] = collate
+        self._settle_ring(auto, a["num_workers"], a["prefetch_factor"], bool(a["pin_memory"]), _ours(collate))
+        return bound.args[1:], bound.kwargs
+
+    def _resolve_from_attributes(self) -> None:
+        """For a class that skipped _AtTorch: torch's __init__ has run; settle from its attributes."""
+        self._ring_resolved = True
+        offered = self._ring_collator
+        auto = self.batch_size is not None or self.batch_sampler is not None  # type: ignore[attr-defined]
+        if offered is not None and offered.inner is _PENDING:
+            offered.inner = _collate_fn if auto else default_convert
+        self._settle_ring(auto, self.num_workers, self.prefetch_factor, bool(self.pin_memory))  # type: ignore[attr-defined]
+
+    def _settle_ring(self, auto: bool, num_workers: int, prefetch_factor: int | None, pin: bool,
+                     ours: bool = False) -> None:
+        ring, slot_bytes, max_bytes = self._ring_options
+        self._ring_params = (num_workers, prefetch_factor, slot_bytes, max_bytes, pin)
+        self._ring = None
+        if self._ring_collator is None and not ours:
+            why = "the collate_fn is not fastcollate's"
+        elif self._ring_collator is None:
+            why = "ring=False" if not ring else ("num_workers=0" if auto else "automatic batching is off (batch_size=None)")
+        elif not ring:
+            why = "ring=False"
+        elif not auto:
+            why = "automatic batching is off (batch_size=None)"
+        elif not num_workers:
+            why = "num_workers=0"
+        elif not sys.platform.startswith("linux"):
+            why = "not Linux"
+        elif _ext._C is None:
+            why = "the compiled engine is not loaded"
+        else:
+            self._ring = _make_ring(*self._ring_params)
+            why = "ring_max_bytes holds fewer than 2 slots" if self._ring is None else ""
+        if self._ring_collator is not None:
+            self._ring_collator.ring = self._ring
+        self._ring_off = why
+        if why and num_workers and why not in _said:
+            _said.add(why)
+            logger.info("fastcollate: %s workers collate without the ring: %s", type(self).__name__, why)
 
     def _get_iterator(self) -> Any:
-        if self._ring is not None:
-            self._ring.reclaim_dead()  # slots of workers that died holding them (a killed epoch)
-            self._ring.poll()
-        init = self.worker_init_fn  # type: ignore[attr-defined]
-        if _trace.enabled() and self.num_workers > 0 and not isinstance(init, _trace.WorkerInit):  # type: ignore[attr-defined]
-            # spawned workers import nothing of fastcollate unless something they unpickle does:
-            # for the time the workers start, an init that turns the worker-side trace on
-            self.worker_init_fn = _trace.WorkerInit(init)
-            try:
-                return super()._get_iterator()  # type: ignore[misc]
-            finally:
-                self.worker_init_fn = init
+        ring = self._ring
+        if ring is not None and (not isinstance(ring, Ring) or ring.owner != os.getpid()):
+            # a loader made in another process (a forked child, a spawned Process it was passed
+            # to): the ring there is not this process's to lease, so this process makes its own
+            ring = self._ring = _make_ring(*self._ring_params)
+            if self._ring_collator is not None:
+                self._ring_collator.ring = ring
+        if isinstance(ring, Ring):
+            ring.reclaim_dead()  # slots of workers that died holding them (a killed epoch)
+            ring.poll()
         return super()._get_iterator()  # type: ignore[misc]
 
-    def stats(self) -> dict[str, Any]:
-        """ring_hits, ring_fallbacks (ring_full + ring_oversize), ring_bytes, slot counts,
-        ring_pinned (False, True, or why page-locking is off) and ring_pinned_bytes."""
-        if self._ring is None:
-            return {"ring": False}
+    def ring_stats(self) -> dict[str, Any]:
+        """The worker ring's counters: ring_hits, ring_fallbacks (ring_full + ring_oversize),
+        ring_bytes, slot counts, ring_pinned (False, True, or why page-locking is off) and
+        ring_pinned_bytes; ``{"ring": False, "ring_off": why}`` without a ring."""
+        if not isinstance(self._ring, Ring):
+            return {"ring": False, "ring_off": self._ring_off or "the ring is made when the loader is iterated here"}
         return {"ring": True, **self._ring.stats()}
+
+
+class _AtTorch(tud.DataLoader):
+    """Sits right before torch's DataLoader in a ring loader's MRO: sees the arguments the class
+    passes to torch's __init__."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if isinstance(self, _RingLoader):
+            args, kwargs = self._at_torch(args, kwargs)
+        super().__init__(*args, **kwargs)
 
 
 def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | None, max_bytes: int,
@@ -93,26 +205,27 @@ def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | 
     return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
 
 
-class DataLoader(_RingLoader, tud.DataLoader[T_co]):
+class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader``; ``collate_fn`` defaults to fastcollate's
     (and, with ``batch_size=None``, to torch's ``default_convert``, as torch does).
 
     With ``num_workers > 0`` on Linux (and fastcollate's collate), workers write each batch into
-    one of K slots of one shared segment and send only a small handle, which turns back into the
-    batch -- views over the slot -- when the main process unpickles it; the slot returns to the
-    ring when the last view has died. Nothing is read from the dataset in the main process. The
-    segment is sparse: a slot's pages are allocated by its first batch, so a new loader's first
-    batches cost what torch's do and every later one saves the allocation and the page faults.
-    K is ``num_workers * prefetch_factor`` plus what a consumer and a prefetcher hold; each slot
-    may hold up to ``ring_slot_bytes`` (default ``ring_max_bytes / K``, address space only).
-    With CUDA and ``pin_memory=True`` each slot is page-locked the first time it holds a batch,
-    so the pin thread has nothing to copy, and a slot is reused only after the copies that may
-    read it have completed. A batch that finds no free slot, or does not fit one, goes the
-    ordinary shared-memory way (``stats()`` counts both).
+    one of K slots of one shared segment and send it by reference; the main process's batch is
+    views over the slot, which returns to the ring when the last view has died. Nothing is read
+    from the dataset in the main process. The segment is sparse: a slot's pages are allocated by
+    its first batch, so a new loader's first batches cost what torch's do and every later one
+    saves the allocation and the page faults. K is ``num_workers * prefetch_factor`` plus what a
+    consumer and a prefetcher hold; each slot may hold up to ``ring_slot_bytes`` (default
+    ``ring_max_bytes / K``, address space only). With CUDA and ``pin_memory=True`` each slot is
+    page-locked the first time it holds a batch, so the pin thread has nothing to copy, and a
+    slot is reused only after the copies that may read it have completed. A batch that finds no
+    free slot, or does not fit one, goes in a shared arena of its own (``stats()`` counts both),
+    which the main process takes without keeping its file descriptor.
 
     ``loader.collate_fn`` is a :class:`fastcollate.RingCollator` around what you passed
     (``.inner``): a complete collate_fn in any loader, so frameworks that re-create the loader
-    from its attributes keep the ring.
+    from its attributes keep the ring. Like torch's loader it keeps no iteration state (no
+    ``state_dict``); :class:`fastcollate.StatefulDataLoader` resumes mid-epoch.
 
     >>> import torch, fastcollate
     >>> loader = fastcollate.DataLoader([torch.ones(2)] * 8, batch_size=4, num_workers=0)
@@ -120,30 +233,22 @@ class DataLoader(_RingLoader, tud.DataLoader[T_co]):
     [torch.Size([4, 2]), torch.Size([4, 2])]
     """
 
-    def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
-                 ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
-        super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
-
-    def state_dict(self) -> dict[str, Any]:
-        raise TypeError(_STATEFUL_HINT)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise TypeError(_STATEFUL_HINT)
-
-
-_STATEFUL_HINT = ("fastcollate.DataLoader keeps no iteration state, as torch's DataLoader; for a mid-epoch resume "
-                  "use fastcollate.StatefulDataLoader (torchdata's StatefulDataLoader with the ring; needs "
-                  "`pip install torchdata`)")
+    def stats(self) -> dict[str, Any]:
+        """The worker ring's counters (see :meth:`ring_stats`)."""
+        return self.ring_stats()
 
 
 def with_ring(loader_class: type) -> type:
     """``loader_class`` -- a subclass of torch's DataLoader -- with fastcollate's collate and worker
     ring, as :class:`fastcollate.DataLoader` is for torch's own: the same arguments plus ``ring``,
-    ``ring_slot_bytes``, ``ring_max_bytes``, and ``stats()``. The loader class must pass the
-    ``collate_fn`` it is given on to torch's DataLoader (wrapping it is fine: LitData's
-    StreamingDataLoader does); its own arguments are kept, and one that takes only
-    ``*args, **kwargs`` (MosaicML streaming's) is read with torch's. Arguments after the dataset
-    go by keyword. One class per base, made once.
+    ``ring_slot_bytes``, ``ring_max_bytes``, and ``ring_stats()`` (also as ``stats()`` unless the
+    class has its own). The class's own signature and defaults are kept (positional-only
+    arguments too): where it is given no collate_fn and its own default is None, or is given
+    fastcollate's, it is given a :class:`fastcollate.RingCollator` -- which it may wrap or
+    post-process, as LitData's StreamingDataLoader does -- and what the class passes to torch's
+    ``DataLoader.__init__`` decides the rest (batch_size, num_workers, prefetch_factor,
+    pin_memory). A class whose own default collate is not fastcollate's keeps it (and torch's
+    path). One class per base, made once.
 
     >>> import fastcollate, torch.utils.data as tud
     >>> class MyLoader(tud.DataLoader): pass
@@ -161,22 +266,13 @@ def with_ring(loader_class: type) -> type:
         return DataLoader
     made = _WITH_RING.get(loader_class)
     if made is None:
-        signature = inspect.signature(loader_class.__init__)
-        if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in list(signature.parameters.values())[1:]):
-            signature = _SIGNATURE  # (self, *args, **kwargs): torch's arguments, passed through
-
-        class Ring(_RingLoader, loader_class):  # type: ignore[valid-type,misc]
-            _base_signature = signature
-
-            def __init__(self, dataset: Any, *args: Any, ring: bool = True, ring_slot_bytes: int | None = None,
-                         ring_max_bytes: int = 2 << 30, **kwargs: Any) -> None:
-                super().__init__(**self._setup(dataset, args, kwargs, ring, ring_slot_bytes, ring_max_bytes))
-
-        Ring.__name__ = loader_class.__name__
-        Ring.__qualname__ = f"with_ring({loader_class.__qualname__})"
-        Ring.__module__ = __name__
-        Ring.__doc__ = loader_class.__doc__
-        made = _WITH_RING[loader_class] = Ring
+        namespace: dict[str, Any] = {"_ring_base": loader_class, "__module__": __name__, "__doc__": loader_class.__doc__}
+        if not hasattr(loader_class, "stats"):  # the class's own stats() stays its own: ring_stats() has the ring's
+            namespace["stats"] = DataLoader.stats
+        # _AtTorch after the class: right before torch's DataLoader in the MRO
+        made = type(loader_class.__name__, (_RingLoader, loader_class, _AtTorch), namespace)
+        made.__qualname__ = f"with_ring({loader_class.__qualname__})"
+        _WITH_RING[loader_class] = made
     return made
 
 

@@ -1,9 +1,10 @@
 """The worker ring: K slots of one shared segment, made by the loader in the main process, that
-DataLoader workers collate straight into. What crosses the worker queue is a RingHandle (slot,
-layout, non-tensor leaves) that turns itself into the batch when it is unpickled in the main
-process -- views over that process's mapping of the slot -- so any DataLoader class that carries
-the collate function (torch's, accelerate's, Lightning's re-created ones, StatefulDataLoader)
-gets real batches and keeps the ring.
+DataLoader workers collate straight into. A worker's claim of a slot is an arena with a storage
+of its own; the batch's tensors cross the worker queue as references to it (fastcollate.loader.
+wire) and are unpickled in the main process as views over that process's mapping of the slot --
+so any DataLoader class that carries the collate function (torch's, accelerate's, Lightning's
+re-created ones, StatefulDataLoader) gets real batches and keeps the ring, and a collate that
+wraps ours sees real batches in the worker.
 
 The segment is a sparse memfd: nothing is allocated or faulted when it is made, a page is
 allocated by the worker that first writes it, and a slot costs its page faults once, on its
@@ -12,8 +13,10 @@ int64 atomics (csrc/engine/ring_state.cpp): free, filled by a worker (its pid), 
 main process (its views; for a page-locked ring also the copies still reading it, see
 fastcollate.loader.pinning).
 A worker never waits for a slot: with none free, or a batch larger than a slot, it collates
-into an ordinary shared arena (counted). Slots of dead workers are reclaimed by the next worker
-that finds the ring full and at each new epoch.
+into an ordinary shared arena (counted). A slot whose batch is never sent (its collate raised,
+or a post-processing collate dropped it) is free again when the worker's last view of it dies.
+Slots of dead workers are reclaimed by the next worker that finds the ring full and at each new
+epoch.
 """
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ from typing import Any
 import torch
 
 from .. import _ext, _trace
-from ..core.shm import shared_segment
-from ..core.tree import iter_tensors, map_tensors
-from ..core.collator import Collator, alloc_shared, DEFAULT_COLLATOR
+from ..core.collator import worker_arenas
+from ..core.shm import batch_arena, shared_segment
+from ..core.tree import iter_tensors
+from . import wire
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
 _RINGS: "weakref.WeakValueDictionary[str, Ring]" = weakref.WeakValueDictionary()
@@ -121,15 +125,28 @@ class Ring:
     def claim(self) -> int:
         return int(_ext._C.ring_claim(self.ctrl, _Pid.value))
 
-    def claim_view(self, nbytes: int) -> tuple[int, torch.Tensor | None]:
-        """A free slot and its first nbytes as a uint8 view, or (-1, None) when none is free."""
-        slot, view = _ext._C.ring_claim_view(self.mem, self.ctrl, _Pid.value, self.slot_bytes, nbytes)
-        if slot >= 0 and _POPULATED.get((self.id, slot), -1) < nbytes:
+    def claim_slot(self, nbytes: int) -> tuple[int, torch.Tensor | None]:
+        """A free slot and an arena over its first nbytes whose storage is the claim's own: when
+        the worker's last view of it dies unsent, the slot is free again; (-1, None) when no
+        slot is free."""
+        slot, arena = _ext._C.ring_claim_slot(self.mem, self.ctrl, _Pid.value, self.slot_bytes, nbytes)
+        if slot >= 0:
+            self._populate(slot, arena, nbytes)
+        return slot, arena
+
+    def _populate(self, slot: int, view: torch.Tensor, nbytes: int) -> None:
+        if _POPULATED.get((self.id, slot), -1) < nbytes:
             # first use of this slot in this process: its pages mapped in one call, not one
             # fault per page while the batch is written (a non-persistent loader's workers are
             # new every epoch)
             _ext._C.ring_populate(view)
             _POPULATED[(self.id, slot)] = nbytes
+
+    def claim_view(self, nbytes: int) -> tuple[int, torch.Tensor | None]:
+        """A free slot and its first nbytes as a uint8 view, or (-1, None) when none is free."""
+        slot, view = _ext._C.ring_claim_view(self.mem, self.ctrl, _Pid.value, self.slot_bytes, nbytes)
+        if slot >= 0:
+            self._populate(slot, view, nbytes)
         return slot, view
 
     def slot_view(self, slot: int, nbytes: int) -> torch.Tensor:
@@ -221,36 +238,32 @@ def _worker_ring(state: dict[str, Any]) -> Ring:
     return _RINGS.setdefault(ring.id, ring)
 
 
-def _same_ring(ring_id: str) -> Ring:
+def _same_ring(ring_id: str) -> "Ring | ForeignRing":
     ring = _RINGS.get(ring_id)
-    if ring is None:
-        raise RuntimeError(f"fastcollate ring {ring_id[:8]}: a copy of a RingCollator reached a process without its "
-                           "ring; only DataLoader workers (fork, spawn, forkserver) receive rings")
-    return ring
+    return ring if ring is not None else ForeignRing(ring_id)
 
 
-class _Leaf:
-    """A tensor leaf of a ring batch: where it lies in the slot."""
+class ForeignRing:
+    """What a ring becomes in a process it was not sent to as a DataLoader worker's (a pickled
+    loader or collate_fn): nothing to write into. A RingCollator holding one collates the
+    ordinary way, and a loader iterated there makes a ring of its own."""
 
-    __slots__ = ("offset", "dtype", "shape", "stride")
-
-    def __init__(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
-        self.offset, self.dtype, self.shape, self.stride = offset, dtype, shape, stride
+    def __init__(self, ring_id: str) -> None:
+        self.id = ring_id
 
     def __reduce__(self):
-        return (_Leaf, (self.offset, self.dtype, self.shape, self.stride))
+        return (ForeignRing, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"ForeignRing({self.id[:8]})"
 
 
-class RingHandle:
-    """What a worker sends for a batch in a ring slot; unpickled, it is the batch itself."""
-
-    __slots__ = ("ring_id", "slot", "tag", "nbytes", "tree")
-
-    def __init__(self, ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> None:
-        self.ring_id, self.slot, self.tag, self.nbytes, self.tree = ring_id, slot, tag, nbytes, tree
-
-    def __reduce__(self):
-        return (_rebuild, (self.ring_id, self.slot, self.tag, self.nbytes, self.tree))
+def ring_at(base: int) -> str:
+    """The id of this process's ring whose segment starts at address ``base``."""
+    for ring in list(_RINGS.values()):
+        if ring.mem.data_ptr() == base:
+            return ring.id
+    raise RuntimeError(f"fastcollate ring: no ring of this process (pid {os.getpid()}) is mapped at {base:#x}")
 
 
 def _ring(ring_id: str) -> Ring:
@@ -261,39 +274,26 @@ def _ring(ring_id: str) -> Ring:
     return ring
 
 
-def _rebuild(ring_id: str, slot: int, tag: int, nbytes: int, tree: Any) -> Any:
+def receive_slot(ring_id: str, slot: int, tag: int, nbytes: int) -> torch.Tensor:
+    """The main process's side of a sent ring slot (fastcollate.loader.wire): its lease, a uint8
+    tensor whose storage frees the slot when the batch's last view dies."""
     ring = _ring(ring_id)
     lease = ring.lease(slot, tag, nbytes)
     ring.poll()
-
-    def view(leaf: _Leaf) -> torch.Tensor:  # in C++: torch's own ops would release the GIL per leaf
-        return _ext._C.ring_view(lease, leaf.offset, leaf.dtype, leaf.shape, leaf.stride)
-
-    return map_tensors(tree, view, _Leaf)
+    return lease
 
 
-class _Polled:
-    """A fenced ring's fallback batch: unpickled, it is the batch, and the ring frees the slots
-    whose fences have completed (without ring batches arriving, nothing else would)."""
-
-    __slots__ = ("ring_id", "batch")
-
-    def __init__(self, ring_id: str, batch: Any) -> None:
-        self.ring_id, self.batch = ring_id, batch
-
-    def __reduce__(self):
-        return (_rebuild_polled, (self.ring_id, self.batch))
-
-
-def _rebuild_polled(ring_id: str, batch: Any) -> Any:
+def poll_ring(ring_id: str) -> None:
+    """A fenced ring's fallback batch arrived: free the slots whose fences completed (without
+    ring batches arriving, nothing else would)."""
     ring = _RINGS.get(ring_id)
     if ring is not None and _Pid.value == ring.owner:
         ring.poll()
-    return batch
 
 
 class _SlotAlloc:
-    """The worker's arena allocator: a free slot when the batch fits, else a shared arena."""
+    """The worker's arena allocator for one collate_fn call: a free slot for its first arena
+    when the batch fits, else (and for any further arena of the same call) a shared arena."""
 
     RECLAIM_EVERY_S = 1.0
     _last_reclaim = 0.0
@@ -302,32 +302,45 @@ class _SlotAlloc:
         self.ring = ring
         self.slot = -1
         self.nbytes = 0
+        self.calls = 0
         self.missed = "shared"  # why the batch is not in a slot, when it is not
 
     def __call__(self, nbytes: int) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > 1:  # a collate that collates twice: one slot per batch
+            return alloc_shared_for(self.ring, nbytes)
         if nbytes <= self.ring.slot_bytes:
-            slot, view = self.ring.claim_view(nbytes)
+            slot, arena = self.ring.claim_slot(nbytes)
             if slot < 0 and time.monotonic() - _SlotAlloc._last_reclaim > self.RECLAIM_EVERY_S:
                 _SlotAlloc._last_reclaim = time.monotonic()  # a full ring may hold a dead worker's slots
                 if self.ring.reclaim_dead():
-                    slot, view = self.ring.claim_view(nbytes)
+                    slot, arena = self.ring.claim_slot(nbytes)
             if slot >= 0:
                 self.slot, self.nbytes = slot, nbytes
-                return view
+                return arena
             self.ring.count("full")
             self.missed = "full"
         else:
             self.ring.count("oversize")
             self.missed = "oversize"
         self.nbytes = nbytes
-        return alloc_shared(nbytes)
+        return alloc_shared_for(self.ring, nbytes)
+
+
+def alloc_shared_for(ring: Ring, nbytes: int) -> torch.Tensor:
+    """A ring's fallback arena: a batch arena noted with the ring, which the main process polls
+    when it arrives (a fenced ring frees the slots whose copies completed)."""
+    return batch_arena(nbytes, ring.id if ring.fenced else None)
 
 
 class RingCollator:
     """The ``collate_fn`` of a ``fastcollate.DataLoader`` with workers: ``inner`` (what you gave
-    the loader, ``fastcollate.collate`` by default) everywhere, and in a DataLoader worker the
-    same batch written into a ring slot. A complete collate_fn in any loader: a framework that
-    re-creates the loader from its attributes keeps the ring.
+    the loader, ``fastcollate.collate`` by default) everywhere; in a DataLoader worker, the
+    fastcollate Collators that run inside ``inner`` -- a Collator subclass's own ``__call__``,
+    a collate that wraps or post-processes ours -- write the batch into a ring slot, and
+    whatever ``inner`` returns is what the main process receives (fastcollate.loader.wire).
+    A complete collate_fn in any loader: a framework that re-creates the loader from its
+    attributes keeps the ring.
 
     >>> import fastcollate
     >>> loader = fastcollate.DataLoader(list(range(8)), batch_size=4, num_workers=2)
@@ -335,45 +348,30 @@ class RingCollator:
     True
     """
 
-    def __init__(self, inner: Any, ring: Ring) -> None:
+    def __init__(self, inner: Any, ring: Ring | None) -> None:
         self.inner = inner
-        self.collator: Collator = inner if isinstance(inner, Collator) else DEFAULT_COLLATOR
         self.ring = ring
 
     def __repr__(self) -> str:
         return f"RingCollator({getattr(self.inner, '__qualname__', None) or self.inner!r}, {self.ring!r})"
 
     def stats(self) -> dict[str, Any]:
-        return self.ring.stats()
+        return self.ring.stats() if self.ring is not None else {"ring": False}
 
     def __call__(self, batch: Any) -> Any:
         from torch.utils.data import get_worker_info
 
         ring = self.ring
-        if get_worker_info() is None or not self.collator.compiled:
-            return self.collator(batch)
+        if ring is None or get_worker_info() is None or not isinstance(ring, Ring):
+            return self.inner(batch)
+        wire.install()
         alloc = _SlotAlloc(ring)
-        try:
-            out = self.collator.run(batch, worker_alloc=alloc)
-        except BaseException:
+        with worker_arenas(alloc):
+            out = self.inner(batch)
+        if alloc.calls:
+            if _trace.enabled():
+                _trace.note_collate("ring" if alloc.slot >= 0 else alloc.missed, alloc.nbytes)
             if alloc.slot >= 0:
-                ring.free(alloc.slot, _Pid.value)
-            raise
-        if _trace.enabled():
-            _trace.note_collate("ring" if alloc.slot >= 0 else alloc.missed, alloc.nbytes)
-        if alloc.slot < 0:  # fallback: an ordinary shared-memory batch
-            return _Polled(ring.id, out) if ring.fenced else out
-        ring_storage = ring.mem.untyped_storage().data_ptr()
-        slot_start = alloc.slot * ring.slot_bytes
-
-        def describe(t: torch.Tensor) -> Any:
-            # the engine's views share the ring's storage; their offsets place them in the slot
-            if t.device.type == "cpu" and t.untyped_storage().data_ptr() == ring_storage:
-                return _Leaf(t.storage_offset() * t.element_size() - slot_start, t.dtype, tuple(t.shape), t.stride())
-            return t  # a leaf left outside the arena (e.g. one that requires grad): sent as torch sends it
-
-        tree = map_tensors(out, describe)
-        ring.count("hits")
-        ring.count("bytes", alloc.nbytes)
-        return RingHandle(ring.id, alloc.slot, _Pid.value, alloc.nbytes, tree)
-
+                ring.count("hits")
+                ring.count("bytes", alloc.nbytes)
+        return out

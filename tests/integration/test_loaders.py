@@ -110,6 +110,31 @@ def test_stateful_loader_resumes_exactly(workers):
     assert_resumes_as_torchdata(Imgs, workers, head=5, batches=12, ring_hits=7)
 
 
-def test_plain_loader_points_to_the_stateful_one():
-    with pytest.raises(TypeError, match="fastcollate.StatefulDataLoader"):
-        fastcollate.DataLoader(Imgs(), batch_size=4).state_dict()
+def test_plain_loader_is_not_stateful_as_torchs_is_not():
+    # an attribute torch's loader lacks would make hasattr-based protocols take it for stateful
+    loader = fastcollate.DataLoader(Imgs(), batch_size=4)
+    assert not hasattr(loader, "state_dict") and not hasattr(loader, "load_state_dict")
+    pytest.importorskip("torchdata")
+    assert hasattr(fastcollate.StatefulDataLoader(Imgs(), batch_size=4), "state_dict")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lightning_default_fit_with_checkpointing(tmp_path, workers):
+    # a plain Trainer(...).fit on fastcollate.DataLoader: Lightning checkpoints at the end of each
+    # epoch and asks stateful loaders for their state (this once raised TypeError there)
+    pl = _lightning()
+
+    def run(make, root):
+        torch.manual_seed(0)
+        net = _module(pl)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, default_root_dir=str(root), logger=False,
+                             enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(net, train_dataloaders=make())
+        return net, trainer
+
+    ours, trainer = run(lambda: fastcollate.DataLoader(Imgs(), batch_size=4, num_workers=workers), tmp_path / "ours")
+    theirs, _ = run(lambda: tud.DataLoader(Imgs(), batch_size=4, num_workers=workers), tmp_path / "theirs")
+    assert ours.seen == theirs.seen and len(ours.seen) == 24
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    ckpt = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
+    assert ckpt and __import__("os").path.exists(ckpt)
