@@ -4,7 +4,6 @@
 >>> import fastcollate
 >>> loader = DataLoader(range(8), batch_size=4, collate_fn=fastcollate.collate)
 """
-import os as _os
 import sys as _sys
 
 from . import _compat, _trace
@@ -27,8 +26,6 @@ __version__ = "0.1.0"
 # fastcollate.reference is a stable path (the pure-Python semantics, the test oracle)
 _sys.modules.setdefault("fastcollate.reference", reference)
 _compat.install()
-if _os.environ.get(_trace.ENV):  # a spawned DataLoader worker of a traced loader: its side of the trace
-    _trace.enable_in_worker()
 
 
 def __getattr__(name: str):

@@ -11,11 +11,16 @@ consumer's wait and the step's compute (StallMonitor).
 
 How it sees inside torch's DataLoader without changing what it does: while tracing is on,
 torch's dataset fetchers and its loader iterators' ``_next_index`` / ``__next__`` / ``_reset``
-are wrapped (process-wide, in every worker too: inherited under fork, installed again under
-spawn from ``FASTCOLLATE_TRACE``). Off -- the default -- nothing is wrapped and nothing is paid.
+are wrapped (process-wide, and in the workers of loaders iterated meanwhile: inherited under
+fork; under spawn and forkserver a ``worker_init_fn`` wrapper installs the fetcher's side in
+those workers only -- no environment variable reaches other subprocesses). A fetch made inside
+another (a loader iterated in a dataset's ``__getitem__``) is timed but never wrapped: what a
+loader yields is never changed. Off -- the default -- nothing is wrapped and nothing is paid.
 Clocks: ``time.perf_counter()``, CLOCK_MONOTONIC on Linux, one clock for every process.
 
-Memory is bounded: the last ``capacity`` batches' records, and running totals per stage.
+Each tracing StallMonitor has a Tracer of its own -- its view of the trace, which its reset()
+clears without touching another's; events reach every live Tracer. Memory is bounded: the last
+``capacity`` batches' records, and running totals per stage.
 """
 from __future__ import annotations
 
@@ -32,7 +37,6 @@ from torch.utils.data._utils import fetch as _tfetch
 
 logger = logging.getLogger("fastcollate")
 now = time.perf_counter
-ENV = "FASTCOLLATE_TRACE"
 # the stages, in the order a batch meets them
 STAGES = ("sampler", "fetch", "collate", "queue", "rebuild", "transfer", "wait", "compute")
 
@@ -75,7 +79,7 @@ class _Stage:
 
 
 class Tracer:
-    """The process's trace: the recent records and the running aggregates (main process)."""
+    """One view of the trace: the recent records and the running aggregates (main process)."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
@@ -88,8 +92,6 @@ class Tracer:
             self.stages = {s: _Stage(self.capacity) for s in STAGES}
             self.errors: collections.Counter = collections.Counter()
             self.workers: dict[int, dict[str, Any]] = {}   # pid -> id, batches, busy_s, first, last
-            self.arrived: dict[tuple[int, int], tuple] = {}  # (worker pid, idx) -> worker span, not yet delivered
-            self.loaders: dict[int, int] = {}                # loader id -> epochs begun
             self.t0 = now()
             self.delivered = 0
 
@@ -116,7 +118,10 @@ class Tracer:
         w["first"], w["last"] = min(w["first"], t0), max(w["last"], t1)
 
 
-TRACER = Tracer()
+TRACERS: list[Tracer] = []  # the live tracers (one per tracing StallMonitor): every event reaches each
+_ARRIVED: dict[tuple[int, int], tuple] = {}  # (worker pid, idx) -> worker span, not yet delivered
+_EPOCHS: dict[int, int] = {}                   # loader id -> epochs begun
+_delivered_count = [0]
 _state = threading.local()  # per thread: the iterator being advanced, the last batch id it delivered
 _collate_info: list = [None, 0]  # what the collate of this process's current batch said: (kind, nbytes)
 _enabled = False
@@ -141,6 +146,18 @@ def note_collate(kind: str, nbytes: int = 0) -> None:
     _collate_info[0], _collate_info[1] = kind, nbytes
 
 
+def span(batch_id: tuple[int, int, int], stage: str, t0: float, t1: float) -> None:
+    """Stage ``stage`` of batch ``batch_id`` (loader, epoch, index) ran from t0 to t1: in every live view."""
+    for tracer in list(TRACERS):
+        tracer.span(tracer.record(*batch_id), stage, t0, t1)
+
+
+def note(batch_id: tuple[int, int, int], name: str, value: Any) -> None:
+    """Sets a record field (h2d_ms, gpu_ms...) of batch ``batch_id`` in every live view."""
+    for tracer in list(TRACERS):
+        setattr(tracer.record(*batch_id), name, value)
+
+
 # ---- worker side (and main-process loading): the fetch -----------------------------------------
 
 def _in_worker() -> bool:
@@ -158,7 +175,17 @@ _per_sample = [True]
 
 def _timed_fetch(self: Any, possibly_batched_index: Any, orig_fetch: Any) -> Any:
     """torch's fetch, with the dataset part and the collate_fn timed apart; in a worker the
-    batch leaves with its times beside it."""
+    batch leaves with its times beside it -- only the worker loop's own fetch: one made inside
+    it (a loader iterated by the dataset) returns exactly what it fetched."""
+    depth = getattr(_state, "fetch_depth", 0)
+    _state.fetch_depth = depth + 1
+    try:
+        return _timed_fetch_at(self, possibly_batched_index, orig_fetch, depth)
+    finally:
+        _state.fetch_depth = depth
+
+
+def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, depth: int) -> Any:
     t0 = now()
     marks = [0.0, 0.0]
     collate_fn = self.collate_fn
@@ -202,10 +229,10 @@ def _timed_fetch(self: Any, possibly_batched_index: Any, orig_fetch: Any) -> Any
     if samples:
         _per_sample[0] = (c0 - t0) / samples >= _PER_SAMPLE_MIN_S
     kind = _collate_info[0] or ("main" if not marks[1] else "custom")
-    span = (os.getpid(), _worker_id(), _caller_idx(), t0, c0, c0, c1, samples, slowest, kind, _collate_info[1])
-    if _in_worker():
-        return _Traced(span, out)
-    _state.fetched = span  # main-process loading: picked up by the iterator's __next__
+    worker_span = (os.getpid(), _worker_id(), _caller_idx(), t0, c0, c0, c1, samples, slowest, kind, _collate_info[1])
+    if depth == 0 and _in_worker():
+        return _Traced(worker_span, out)
+    _state.fetched = worker_span  # main-process loading: picked up by the iterator's __next__
     return out
 
 
@@ -220,7 +247,8 @@ def _caller_idx() -> int | None:
     # torch's worker loop holds the batch's index as the local `idx` of the frame that calls
     # fetch(); the collate never sees it. Main-process loading takes it from the iterator.
     try:
-        idx = sys._getframe(3).f_locals.get("idx")  # _caller_idx <- _timed_fetch <- fetch <- the worker loop
+        # _caller_idx <- _timed_fetch_at <- _timed_fetch <- fetch <- the worker loop
+        idx = sys._getframe(4).f_locals.get("idx")
     except (ValueError, AttributeError):
         return None
     return idx if isinstance(idx, int) else None
@@ -257,12 +285,14 @@ class _Traced:
 
 def _arrive(span: tuple, batch: Any) -> Any:
     rebuilt = now()
-    arrived = TRACER.arrived
-    arrived[(span[0], span[2])] = span + (rebuilt,)
-    if len(arrived) > 4 * TRACER.capacity:  # spans nobody delivered (an abandoned epoch): the oldest go
-        for key in list(arrived)[: len(arrived) // 2]:
-            arrived.pop(key, None)
+    _ARRIVED[(span[0], span[2])] = span + (rebuilt,)
+    if len(_ARRIVED) > 4 * _CAPACITY[0]:  # spans nobody delivered (an abandoned epoch): the oldest go
+        for key in list(_ARRIVED)[: len(_ARRIVED) // 2]:
+            _ARRIVED.pop(key, None)
     return batch
+
+
+_CAPACITY = [4096]  # the largest live view's
 
 
 # ---- main side: the loader's iterators ---------------------------------------------------------
@@ -271,10 +301,13 @@ def _loader_of(it: Any) -> int:
     return getattr(it, "_fc_loader", id(it))
 
 
+_epoch_lock = threading.Lock()
+
+
 def _new_epoch(loader: Any) -> int:
-    with TRACER.lock:
-        epoch = TRACER.loaders.get(id(loader), 0)
-        TRACER.loaders[id(loader)] = epoch + 1
+    with _epoch_lock:
+        epoch = _EPOCHS.get(id(loader), 0)
+        _EPOCHS[id(loader)] = epoch + 1
     return epoch
 
 
@@ -283,6 +316,22 @@ def _wrap_iter_init(orig: Any) -> Any:
         # set first: the multiprocessing iterator sends its first indices from inside __init__
         self._fc_loader, self._fc_epoch = id(loader), _new_epoch(loader)
         orig(self, loader, *args, **kwargs)
+    return __init__
+
+
+def _wrap_mp_iter_init(orig: Any) -> Any:
+    def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        # the workers this iterator starts (spawned ones import nothing of the trace by
+        # themselves) turn its fetcher side on first: through the loader's worker_init_fn,
+        # for the time they are started -- only this loader's workers, no environment variable
+        init = loader.worker_init_fn
+        if isinstance(init, WorkerInit):
+            return orig(self, loader, *args, **kwargs)
+        loader.worker_init_fn = WorkerInit(init)
+        try:
+            orig(self, loader, *args, **kwargs)
+        finally:
+            loader.worker_init_fn = init
     return __init__
 
 
@@ -302,8 +351,7 @@ def _wrap_next_index(orig: Any) -> Any:
         # the batch this index becomes: what the multiprocessing iterator sends it as, else the next yielded
         idx = getattr(self, "_send_idx", None)
         idx = self._num_yielded if idx is None else idx
-        rec = TRACER.record(_loader_of(self), getattr(self, "_fc_epoch", 0), idx)
-        TRACER.span(rec, "sampler", t0, now())
+        span((_loader_of(self), getattr(self, "_fc_epoch", 0), idx), "sampler", t0, now())
         return out
     return _next_index
 
@@ -322,27 +370,33 @@ def _delivered(self: Any, orig: Any) -> Any:
     except StopIteration:
         raise
     except Exception as exc:
-        with TRACER.lock:
-            TRACER.errors[type(exc).__name__] += 1
-            if "timed out" in str(exc):
-                TRACER.errors["worker_timeout"] += 1
+        for tracer in list(TRACERS):
+            with tracer.lock:
+                tracer.errors[type(exc).__name__] += 1
+                if "timed out" in str(exc):
+                    tracer.errors["worker_timeout"] += 1
         raise
     t1 = now()
     index = self._num_yielded - 1
-    rec = TRACER.record(_loader_of(self), getattr(self, "_fc_epoch", 0), index)
-    span = getattr(_state, "fetched", None)
-    if span is None:
+    batch_id = (_loader_of(self), getattr(self, "_fc_epoch", 0), index)
+    worker_span = getattr(_state, "fetched", None)
+    if worker_span is None:
         workers = getattr(self, "_workers", None) or ()
         for w in workers:
-            span = TRACER.arrived.pop((w.pid, index), None)
-            if span is not None:
+            worker_span = _ARRIVED.pop((w.pid, index), None)
+            if worker_span is not None:
                 break
-    if span is not None:
-        _fill(rec, span, t1)
-    rec.spans["deliver"] = (t0, t1)
-    set_last_id((rec.loader, rec.epoch, rec.index))
-    TRACER.delivered += 1
-    if logger.isEnabledFor(logging.INFO) and _LOG_EVERY[0] and TRACER.delivered % _LOG_EVERY[0] == 0:
+    rec = None
+    for tracer in list(TRACERS):
+        rec = tracer.record(*batch_id)
+        if worker_span is not None:
+            _fill(tracer, rec, worker_span, t1)
+        rec.spans["deliver"] = (t0, t1)
+        tracer.delivered += 1
+    set_last_id(batch_id)
+    _delivered_count[0] += 1
+    if (rec is not None and logger.isEnabledFor(logging.INFO) and _LOG_EVERY[0]
+            and _delivered_count[0] % _LOG_EVERY[0] == 0):
         logger.info("batch %s: %s", rec.id, ", ".join(f"{s} {1e3 * (b - a):.2f} ms" for s, (a, b) in rec.spans.items()))
     return batch
 
@@ -350,16 +404,16 @@ def _delivered(self: Any, orig: Any) -> Any:
 _LOG_EVERY = [0]
 
 
-def _fill(rec: Record, span: tuple, delivered: float) -> None:
+def _fill(tracer: Tracer, rec: Record, span: tuple, delivered: float) -> None:
     pid, worker, _idx, f0, f1, c0, c1, samples, slowest, kind, nbytes = span[:11]
     rec.pid, rec.worker, rec.samples, rec.slowest, rec.ring, rec.nbytes = pid, worker, samples, slowest, kind, nbytes
-    TRACER.span(rec, "fetch", f0, f1)
-    TRACER.span(rec, "collate", c0, c1)
+    tracer.span(rec, "fetch", f0, f1)
+    tracer.span(rec, "collate", c0, c1)
     if len(span) >= 13:  # from a worker: queue, then the rebuild
         arrived, rebuilt = span[11], span[12]
-        TRACER.span(rec, "queue", c1, arrived)
-        TRACER.span(rec, "rebuild", arrived, rebuilt)
-    TRACER.worker_busy(pid, worker, f0, c1)
+        tracer.span(rec, "queue", c1, arrived)
+        tracer.span(rec, "rebuild", arrived, rebuilt)
+    tracer.worker_busy(pid, worker, f0, c1)
 
 
 # ---- on and off -----------------------------------------------------------------------------------
@@ -376,6 +430,7 @@ _WORKER_PATCHES = [
 ]
 _MAIN_PATCHES = [
     (_tdl._BaseDataLoaderIter, "__init__", _wrap_iter_init),
+    (_tdl._MultiProcessingDataLoaderIter, "__init__", _wrap_mp_iter_init),
     (_tdl._BaseDataLoaderIter, "_next_index", _wrap_next_index),
     (_tdl._BaseDataLoaderIter, "__next__", _wrap_iter_next),
     (_tdl.DataLoader, "__iter__", _wrap_loader_iter),
@@ -389,31 +444,34 @@ def _install(patches: list) -> None:
             setattr(cls, name, wrap(cls.__dict__[name]))
 
 
-_users = [0]  # tracing StallMonitors alive: the last one to go turns tracing off
-
-
 def acquire(capacity: int | None = None, log_every: int = 0) -> Tracer:
-    _users[0] += 1
-    return enable(capacity, log_every)
+    """A new view of the trace (a tracing StallMonitor's own), tracing on while any is held."""
+    tracer = Tracer(capacity or 4096)
+    TRACERS.append(tracer)
+    _CAPACITY[0] = max(t.capacity for t in TRACERS)
+    enable(log_every=log_every)
+    return tracer
 
 
-def release() -> None:
-    _users[0] = max(0, _users[0] - 1)
-    if _users[0] == 0:
+def release(tracer: Tracer | None = None) -> None:
+    """Drops a view; the last one to go turns tracing off (what it recorded stays readable)."""
+    if tracer is not None and tracer in TRACERS:
+        TRACERS.remove(tracer)
+    if not TRACERS:
         disable()
 
 
 def enable(capacity: int | None = None, log_every: int = 0) -> Tracer:
-    """Turn tracing on for this process and the DataLoader workers it starts from now on."""
+    """Turn tracing on for this process and the DataLoader workers it starts from now on; returns
+    a view (the first live one, or a new one)."""
     global _enabled
-    if capacity is not None and capacity != TRACER.capacity:
-        TRACER.capacity = capacity
-        TRACER.reset()
+    if not TRACERS or capacity is not None:
+        tracer = Tracer(capacity or 4096)
+        TRACERS.append(tracer)
     _LOG_EVERY[0] = log_every
     _install(_WORKER_PATCHES + _MAIN_PATCHES)
-    os.environ[ENV] = "1"
     _enabled = True
-    return TRACER
+    return TRACERS[0] if capacity is None else TRACERS[-1]
 
 
 def disable() -> None:
@@ -422,7 +480,7 @@ def disable() -> None:
     for (cls, name), fn in list(_originals.items()):
         setattr(cls, name, fn)
         del _originals[(cls, name)]
-    os.environ.pop(ENV, None)
+    TRACERS.clear()
     _enabled = False
 
 

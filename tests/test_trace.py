@@ -234,3 +234,47 @@ def test_a_worker_dying_mid_epoch_leaves_a_readable_trace(monitor, tmp_path):
     delivered = sorted(e["args"]["index"] for e in events if e.get("name") == "deliver")
     assert delivered and delivered == list(range(len(delivered))) and len(delivered) < 16
     assert mon.report()["errors"].get("RuntimeError") == 1
+
+
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_a_loader_iterated_inside_a_worker_yields_batches_while_tracing(monitor, workers, context):
+    from trace_data import Nesting
+
+    mon = monitor()
+    traced = list(mon.wrap(fastcollate.DataLoader(Nesting(), batch_size=4, **kw(workers, context))))
+    mon.close()
+    plain = list(DataLoader(Nesting(), batch_size=4))
+    assert len(traced) == len(plain) == 4
+    for a, b in zip(traced, plain):
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
+
+
+def test_each_monitor_keeps_its_own_view(monitor):
+    first = monitor()
+    run(first, fastcollate.DataLoader(Stalling(n=16), batch_size=4, **kw(0)))
+    assert len(first.tracer.records) == 4
+    second = monitor()  # a second tracing monitor ...
+    assert len(first.tracer.records) == 4  # ... leaves the first one's trace alone
+    run(second, fastcollate.DataLoader(Stalling(n=8), batch_size=4, **kw(0)))
+    assert len(second.tracer.records) == 2
+    assert len(first.tracer.records) == 6  # the first still sees what happened meanwhile
+    second.reset()
+    assert len(second.tracer.records) == 0 and len(first.tracer.records) == 6
+    first.reset()
+    run(second, fastcollate.DataLoader(Stalling(n=8), batch_size=4, **kw(0)))
+    assert len(first.tracer.records) == 2 == len(second.tracer.records)
+
+
+def test_the_trace_reaches_only_the_loaders_own_workers(monitor):
+    import os
+    import subprocess
+
+    mon = monitor()
+    assert not any(k.startswith("FASTCOLLATE_TRACE") for k in os.environ)
+    child = subprocess.run([sys.executable, "-c", "import os; print(sorted(k for k in os.environ if 'FASTCOLLATE' in k))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "[]"
+    # spawned workers still trace their side (fetch and collate reach the main process)
+    r = run(mon, DataLoader(Stalling(n=16, per_sample=0.002), batch_size=4, collate_fn=fastcollate.collate,
+                            **kw(2, "spawn")))
+    assert r["stages"]["fetch"]["count"] == 4 and r["stages"]["collate"]["count"] == 4

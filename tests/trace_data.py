@@ -3,7 +3,7 @@ import os
 import time
 
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 
 class Stalling(Dataset):
@@ -45,3 +45,19 @@ class SlowBatchSampler:
 def slow_collate(batch):
     time.sleep(0.03)  # tokenizing in the collate, say
     return torch.utils.data.default_collate(batch)
+
+
+class Nesting(Dataset):
+    """Each sample iterates a DataLoader of its own (main-process loading inside the worker)."""
+
+    def __init__(self, n=16):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        inner = DataLoader([torch.full((2,), float(i + j)) for j in range(4)], batch_size=2)
+        batches = list(inner)
+        assert all(type(b) is torch.Tensor for b in batches), [type(b) for b in batches]
+        return {"x": torch.stack(batches).sum(0), "y": i}

@@ -162,8 +162,7 @@ class CudaPrefetcher:
         t0 = _trace.now()
         d = self._transport(batch)
         if batch_id is not None:
-            rec = _trace.TRACER.record(*batch_id)
-            _trace.TRACER.span(rec, "transfer", t0, _trace.now())
+            _trace.span(batch_id, "transfer", t0, _trace.now())
             d.trace_id = batch_id
         return d
 
@@ -196,7 +195,7 @@ class CudaPrefetcher:
                 ms = start.elapsed_time(end)
                 self._h2d_ms += ms
                 if batch_id is not None:
-                    _trace.TRACER.record(*batch_id).h2d_ms = ms
+                    _trace.note(batch_id, "h2d_ms", ms)
             else:
                 keep.append((start, end, batch_id))
         self._pending = keep

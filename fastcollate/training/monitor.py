@@ -43,9 +43,10 @@ class StallMonitor:
                  log_every: int = 0) -> None:
         self.prefetcher = prefetcher
         self.trace = trace
-        self.tracer = _trace.acquire(trace_capacity, log_every) if trace else None
+        # its own view of the trace (another monitor's reset() or creation leaves it alone);
         # tracing stays on while a tracing monitor lives (or until close()): then torch's classes are unwrapped
-        self._release = weakref.finalize(self, _trace.release) if trace else None
+        self.tracer = _trace.acquire(trace_capacity, log_every) if trace else None
+        self._release = weakref.finalize(self, _trace.release, self.tracer) if trace else None
         self._loader: Any = None
         self.reset()
 
