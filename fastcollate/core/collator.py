@@ -199,7 +199,8 @@ class Collator:
         self.pad = None if pad is None else PadSpec.make(pad, pad_to_multiple_of, max_length, padding_side,
                                                          return_mask, mask_key, mask_dtype, lengths_key,
                                                          pad_if_present)
-        self.postprocess: Any = None  # a picklable batch -> batch step (Collator.for_tokenizer's)
+        # a picklable (collated batch, the samples) -> batch step (Collator.for_tokenizer's)
+        self.postprocess: Any = None
         self.pin_memory = pin_memory
         self.num_threads = num_threads
         self.backend = "python" if backend == "python" or _ext._C is None else "cpp"
@@ -230,7 +231,7 @@ class Collator:
             _trace.note_collate("fastcollate")
         try:
             out = self._collate(batch, worker_alloc)
-            return out if self.postprocess is None else self.postprocess(out)
+            return out if self.postprocess is None else self.postprocess(out, batch)
         except Exception as exc:
             _count(f"errors.{type(exc).__name__}")
             _report(exc, batch)

@@ -14,12 +14,23 @@ class LengthGroupedSampler(Sampler[list[int]]):
     Indices are shuffled, cut into mega-batches of ``mega_batch_mult * batch_size``, each sorted
     by length (longest first) and cut into batches; the batch order is shuffled again. With
     several replicas (DDP; taken from torch.distributed when initialized) each rank gets every
-    ``num_replicas``-th batch, the list padded by repetition to a multiple of ``num_replicas``
-    (or trimmed, with drop_last), so every rank runs the same number of steps.
+    ``num_replicas``-th batch of that list, so every rank runs exactly ``len(sampler)`` steps:
+
+    * without drop_last the list is padded to a multiple of ``num_replicas`` by repeating it from
+      its start, as often as needed (as ``DistributedSampler`` repeats its indices): with fewer
+      batches than replicas some batches run on several ranks, and no rank is left without a
+      step; ``len`` is ``ceil(ceil(n / batch_size) / num_replicas)`` and the ranks together
+      cover every sample;
+    * with drop_last the partial batch is dropped and the list trimmed to a multiple of
+      ``num_replicas``: ``len`` is ``n // batch_size // num_replicas`` (0 when there are fewer
+      full batches than replicas) and no sample is seen twice;
+    * an empty dataset yields nothing on every rank.
 
     >>> s = LengthGroupedSampler([5, 1, 4, 2, 3, 6], batch_size=2, shuffle=False)
     >>> list(s)
     [[5, 0], [2, 4], [3, 1]]
+    >>> [list(LengthGroupedSampler([5, 3, 4], 4, num_replicas=4, rank=r)) for r in range(4)]
+    [[[0, 2, 1]], [[0, 2, 1]], [[0, 2, 1]], [[0, 2, 1]]]
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -67,20 +78,19 @@ class LengthGroupedSampler(Sampler[list[int]]):
             if self.drop_last:
                 batches = batches[: len(batches) // self.num_replicas * self.num_replicas]
             elif batches:
-                short = -len(batches) % self.num_replicas
-                batches = batches + batches[:short]
+                # repeat the whole list as often as it takes (as DistributedSampler does):
+                # ``batches[:short]`` alone runs out when there are fewer batches than replicas
+                total = math.ceil(len(batches) / self.num_replicas) * self.num_replicas
+                batches = (batches * math.ceil(total / len(batches)))[:total]
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self._all_batches()[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
+        # mega-batches hold a whole number of batches, so only the last batch can be partial
         n = len(self.lengths)
-        full = n // self.batch_size
-        total = full if self.drop_last else math.ceil(n / self.batch_size)
-        if not self.drop_last:
-            # mega-batch boundaries can leave extra partial batches: count exactly
-            total = sum(math.ceil(min(self.mega, n - s) / self.batch_size) for s in range(0, n, self.mega))
+        total = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
         if self.num_replicas > 1:
             total = total // self.num_replicas if self.drop_last else math.ceil(total / self.num_replicas)
         return total
