@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 python -m pip install -q build
 # --no-isolation: the build uses the torch installed here (an isolated env would fetch a CUDA torch)
 python -m build --no-isolation --outdir "$work/dist" . > "$work/build.log" 2>&1 || { tail -60 "$work/build.log"; exit 1; }
-grep "^fastcollate build" "$work/build.log" || true
+grep "^fastcollate build" "$work/build.log" | sort -u || true
 sdist=$(ls "$work"/dist/*.tar.gz) wheel=$(ls "$work"/dist/*.whl)
 echo "wheel: built $(basename "$sdist") and $(basename "$wheel") ($((SECONDS - start)) s)"
 missing=$(comm -23 <(git ls-files csrc fastcollate CMakeLists.txt setup.py pyproject.toml MANIFEST.in | sort) \
@@ -24,7 +24,7 @@ python -m zipfile -l "$wheel" | grep -q "fastcollate/_C.build.json" || { echo "w
 
 # a fresh venv: torch pinned (this machine's CPU wheel; never a bare `torch`), and the tests' needs
 python -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q torch==2.13.0 pytest numpy
+"$work/venv/bin/python" -m pip install torch==2.13.0 pytest numpy > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
 # PATH with nothing on it but the venv's python: no compiler can be found, nor anything else
 mkdir "$work/bin"
 printf '#!/bin/sh\nexec %q "$@"\n' "$work/venv/bin/python" > "$work/bin/python"
@@ -39,7 +39,7 @@ cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/test_torch_mism
   for cc in gcc cc c++ g++ clang nvcc; do
     if command -v "$cc" > /dev/null; then echo "wheel: a compiler is on PATH ($cc)"; exit 1; fi
   done
-  python -m pip install -q "$wheel"
+  python -m pip install "$wheel" > "$work/pip-wheel.log" 2>&1 || { tail -30 "$work/pip-wheel.log"; exit 1; }
   cd "$work"
   python - <<'PYEOF'
 import os, sysconfig
