@@ -84,7 +84,7 @@ def test_the_rebuild_command_fits_the_install(tmp_path):
 # ---- this build ----------------------------------------------------------------------------------
 
 def test_this_build_has_its_record_and_it_matches():
-    assert _ext.BUILD is not None, f"no {_buildinfo.RECORD_NAME} beside the module in {PKG}"
+    assert _ext.BUILD is not None, f"no {_buildinfo.RECORD_NAME} beside the module in {PKG} (a build older than the record? rebuild)"
     assert _buildinfo.mismatches(_ext.BUILD, NOW) == []
     assert _ext.BUILD["cuda_kernels"] == fastcollate.cuda_kernels_built()
     info = _ext._C.build_info  # the module's own, from torch's headers: the record tells the truth
