@@ -5,8 +5,12 @@ Switches are read once, here, and the decision is printed:
   FASTCOLLATE_FORCE_CUDA=1  build them even when torch reports no GPU (needs a CUDA torch + nvcc)
   MAX_JOBS, TORCH_CUDA_ARCH_LIST are honoured by torch's BuildExtension itself.
 Install with: pip install --no-build-isolation -e .
+Package with: python -m build --no-isolation  (an sdist, and a wheel built from it)
+Beside the module, the build writes the record of the torch it was built against
+(fastcollate/_C.build.json, see fastcollate/_buildinfo.py), which fastcollate checks at import.
 """
 import glob
+import importlib.util
 import os
 import shutil
 
@@ -22,6 +26,17 @@ except ImportError as exc:  # torch is deliberately not a build requirement (it 
     ) from exc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_buildinfo():
+    # by path: importing the package would import torch's extension (this very build's output)
+    spec = importlib.util.spec_from_file_location("_fastcollate_buildinfo", os.path.join(HERE, "fastcollate", "_buildinfo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+buildinfo = _load_buildinfo()
 
 
 def _flag(name: str) -> bool:
@@ -96,4 +111,22 @@ else:
         extra_compile_args={"cxx": cxx_flags},
     )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
+
+class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
+    """torch's BuildExtension, plus the build record beside each built module: in the build folder
+    (what a wheel packs) and, for --inplace and editable installs, in the source package too."""
+
+    def run(self):
+        super().run()
+        build_py = self.get_finalized_command("build_py")
+        for e in self.extensions:
+            fullname = self.get_ext_fullname(e.name)
+            dirs = {os.path.dirname(os.path.join(self.build_lib, self.get_ext_filename(fullname)))}
+            if self.inplace:  # (setuptools builds in build_lib, then copies the module into the package)
+                dirs.add(build_py.get_package_dir(fullname.rpartition(".")[0]))
+            for d in sorted(dirs):
+                path = buildinfo.write(d, cuda_kernels=WITH_CUDA)
+                print(f"fastcollate build: recorded {buildinfo.describe(buildinfo.running())} in {path}")
+
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildWithRecord})

@@ -1,31 +1,90 @@
-"""Loads the compiled engine, fastcollate._C; without it the pure-Python reference serves, with
-one warning, so a broken build degrades instead of failing the training job."""
+"""Loads the compiled engine, fastcollate._C.
+
+Before loading it, the build record beside it (``_C.build.json``, see ``_buildinfo``) is compared
+with the running torch. A build for another torch (release, C++11 ABI, CPU vs CUDA, CUDA major,
+Python) raises ImportError with one message naming both and the rebuild command, instead of an
+undefined symbol or a crash inside the loader. ``FASTCOLLATE_ALLOW_FALLBACK=1`` — or
+``FASTCOLLATE_DISABLE=1``, the rollback to default_collate, which must work whatever the build —
+turns that error into one warning and the pure-Python path, without loading the module.
+
+Without the module at all (a checkout never built), the pure-Python reference serves, with one
+warning, so a missing build degrades instead of failing the training job.
+"""
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from types import ModuleType
+from typing import Any, Optional
 
 import torch  # noqa: F401  (loads libc10/libtorch, which _C links against)
+
+from . import _buildinfo
 
 logger = logging.getLogger("fastcollate")
 logger.addHandler(logging.NullHandler())  # a library logs; the application decides what is shown
 
-_C: ModuleType | None
-try:
-    from fastcollate import _C  # type: ignore[attr-defined]
+ALLOW_FALLBACK_ENV = "FASTCOLLATE_ALLOW_FALLBACK"
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
-    LOAD_ERROR: BaseException | None = None
-except ImportError as exc:  # pragma: no cover - exercised by the fallback test in a subprocess
-    _C = None
-    LOAD_ERROR = exc
-    _msg = (
-        f"fastcollate: the compiled engine could not be loaded ({exc}); using the pure-Python "
-        "fallback, which is exact but no faster than default_collate. Rebuild with "
-        "`pip install --no-build-isolation -e .`"
-    )
-    warnings.warn(_msg, RuntimeWarning, stacklevel=2)
-    logger.warning(_msg)
+
+def _env_on(name: str) -> bool:
+    value = os.environ.get(name)
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def rebuild_command(pkg_dir: str = _PKG_DIR) -> str:
+    """The command that rebuilds the engine against the torch in use: from the checkout when this
+    package lives in one (an editable or in-place build), else from the sdist or a checkout."""
+    root = os.path.dirname(pkg_dir)
+    if os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(os.path.join(root, "csrc")):
+        return f"cd {root} && pip install --no-build-isolation -e ."
+    return ("pip install --no-build-isolation --no-deps --force-reinstall "
+            "<the fastcollate sdist (fastcollate-*.tar.gz) or a checkout's folder>")
+
+
+def _refuse_or_fall_back(msg: str) -> ImportError:
+    """A mismatch: ImportError, unless the user opted into the pure-Python path."""
+    if not (_env_on(ALLOW_FALLBACK_ENV) or _env_on("FASTCOLLATE_DISABLE")):
+        raise ImportError(msg)
+    why = ALLOW_FALLBACK_ENV if _env_on(ALLOW_FALLBACK_ENV) else "FASTCOLLATE_DISABLE"
+    full = f"{msg} ({why} is set: the compiled engine is not used; the pure-Python path serves.)"
+    warnings.warn(full, RuntimeWarning, stacklevel=3)
+    logger.warning(full)
+    return ImportError(msg)
+
+
+BUILD: Optional[dict[str, Any]] = _buildinfo.read(_PKG_DIR)  # the record beside the module, if any
+RUNNING: dict[str, Any] = _buildinfo.running()
+_C: ModuleType | None = None
+LOAD_ERROR: BaseException | None = None
+_problems = _buildinfo.mismatches(BUILD, RUNNING) if BUILD is not None else []
+
+if _problems:  # checked before loading: a module built for another torch can crash on load
+    LOAD_ERROR = _refuse_or_fall_back(_buildinfo.message(BUILD, RUNNING, _problems, rebuild_command()))
+else:
+    try:
+        from fastcollate import _C  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - exercised by the fallback test in a subprocess
+        LOAD_ERROR = exc
+        _msg = (
+            f"fastcollate: the compiled engine could not be loaded ({exc}); using the pure-Python "
+            "fallback, which is exact but no faster than default_collate. Rebuild with "
+            f"`{rebuild_command()}`"
+        )
+        warnings.warn(_msg, RuntimeWarning, stacklevel=2)
+        logger.warning(_msg)
+    else:
+        if BUILD is None:
+            # No record (a CMake build copied in, a build older than the record): the module says
+            # itself which torch release it was compiled against.
+            compiled = {**(getattr(_C, "build_info", None) or {}), "made_by": _buildinfo.MODULE}
+            _problems = _buildinfo.mismatches(compiled, RUNNING) if compiled.get("torch") else []
+            if _problems:
+                _C = None
+                LOAD_ERROR = _refuse_or_fall_back(_buildinfo.message(compiled, RUNNING, _problems, rebuild_command(), loaded=True))
+del _problems
 
 
 def backend() -> str:
@@ -36,6 +95,16 @@ def backend() -> str:
     True
     """
     return "cpp" if _C is not None else "python"
+
+
+def built_for() -> str:
+    """The torch the compiled engine was built for, in words (``"unknown"`` without a record).
+
+    >>> import fastcollate
+    >>> fastcollate._ext.built_for().startswith(("torch ", "unknown"))
+    True
+    """
+    return _buildinfo.describe(BUILD) if BUILD is not None else "unknown (no build record beside the module)"
 
 
 def cuda_kernels_built() -> bool:

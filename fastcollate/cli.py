@@ -229,6 +229,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("GPU", torch.cuda.get_device_name() if torch.cuda.is_available() else "none visible"),
         ("compiled backend", _ext.backend() + ("" if _ext.LOAD_ERROR is None else f" ({_ext.LOAD_ERROR})")),
         ("CUDA kernels built", str(_ext.cuda_kernels_built())),
+        ("engine built for", _ext.built_for()),
         ("pinned memory", _pinned_available()),
         ("cores", str(len(os.sched_getaffinity(0)))),
         ("/dev/shm", doctor.shm_line(workers)),

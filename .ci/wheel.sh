@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The wheel as a user without a compiler meets it. `python -m build` makes the sdist and then the
+# wheel *from the unpacked sdist*, which proves the sdist holds everything the build needs (one
+# compile: a few minutes on 2 cores). The wheel goes into a fresh venv whose PATH holds no compiler;
+# a smoke test and a fast subset of the tests run there against the installed package, not this
+# checkout. Needs the torch, setuptools, wheel and ninja of README command 1 already installed.
+#   bash .ci/wheel.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+python -m pip install -q build
+# --no-isolation: the build uses the torch installed here (an isolated env would fetch a CUDA torch)
+python -m build --no-isolation --outdir "$work/dist" . > "$work/build.log" 2>&1 || { tail -60 "$work/build.log"; exit 1; }
+grep "^fastcollate build" "$work/build.log" | sort -u || true
+sdist=$(ls "$work"/dist/*.tar.gz) wheel=$(ls "$work"/dist/*.whl)
+echo "wheel: built $(basename "$sdist") and $(basename "$wheel") ($((SECONDS - start)) s)"
+missing=$(comm -23 <(git ls-files csrc fastcollate CMakeLists.txt setup.py pyproject.toml MANIFEST.in | sort) \
+                   <(tar tzf "$sdist" | sed 's|^[^/]*/||' | sort))
+[[ -z $missing ]] || { echo "wheel: the sdist lacks: $missing"; exit 1; }
+python -m zipfile -l "$wheel" | grep -q "fastcollate/_C.build.json" || { echo "wheel: no build record in the wheel"; exit 1; }
+
+# a fresh venv: torch pinned (this machine's CPU wheel; never a bare `torch`), and the tests' needs
+python -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install torch==2.13.0 pytest numpy > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
+# PATH with nothing on it but the venv's python: no compiler can be found, nor anything else
+mkdir "$work/bin"
+printf '#!/bin/sh\nexec %q "$@"\n' "$work/venv/bin/python" > "$work/bin/python"
+chmod +x "$work/bin/python"
+# the test files chosen (fast, no optional framework), copied away from the checkout
+mkdir "$work/tests"
+cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/test_torch_mismatch.py tests/test_semantics.py \
+   tests/test_errors.py tests/test_killswitch.py tests/test_loader.py "$work/tests/"
+(
+  export PATH="$work/bin"
+  unset PYTHONPATH
+  for cc in gcc cc c++ g++ clang nvcc; do
+    if command -v "$cc" > /dev/null; then echo "wheel: a compiler is on PATH ($cc)"; exit 1; fi
+  done
+  python -m pip install "$wheel" > "$work/pip-wheel.log" 2>&1 || { tail -30 "$work/pip-wheel.log"; exit 1; }
+  cd "$work"
+  python - <<'PYEOF'
+import os, sysconfig
+import torch
+from torch.utils.data import DataLoader as TorchLoader, default_collate
+import fastcollate
+
+site = os.path.realpath(sysconfig.get_paths()["platlib"])
+assert os.path.realpath(fastcollate.__file__).startswith(site + os.sep), f"not the installed package: {fastcollate.__file__}"
+assert fastcollate.backend() == "cpp", f"compiled engine did not load: {fastcollate._ext.LOAD_ERROR}"
+samples = [{"x": torch.arange(6.0).view(2, 3) + i, "y": i, "s": str(i)} for i in range(16)]
+out, ref = fastcollate.collate(samples[:4]), default_collate(samples[:4])
+assert torch.equal(out["x"], ref["x"]) and torch.equal(out["y"], ref["y"]) and out["s"] == ref["s"]
+got = list(fastcollate.DataLoader(samples, batch_size=4, num_workers=2))
+want = list(TorchLoader(samples, batch_size=4, num_workers=0))
+assert len(got) == len(want) == 4
+assert all(torch.equal(g["x"], w["x"]) and torch.equal(g["y"], w["y"]) and g["s"] == w["s"] for g, w in zip(got, want))
+print(f"wheel smoke OK: {fastcollate.__file__}, backend cpp, built for {fastcollate._ext.built_for()}")
+PYEOF
+  cd "$work/tests" && python -m pytest -q -p no:cacheprovider .
+)
+echo "wheel: sdist, wheel from the sdist, install without a compiler, smoke and tests: $((SECONDS - start)) s"
