@@ -69,6 +69,7 @@ sphinx_gallery_conf = {
     "show_memory": False,
     "image_scrapers": (),                    # the examples print; they draw nothing
     "min_reported_time": 10**9,              # no per-example timing line: it would change on every build
+    "write_computation_times": False,        # nor a timings page
 }
 
 # -- HTML
