@@ -67,6 +67,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError as exc:
             raise CliError("--plot needs matplotlib: pip install 'fastcollate[plot]'") from exc
+    if args.markdown:
+        if args.sweep or args.peers:
+            raise CliError("--markdown writes the collate table: not with --sweep or --peers")
+        _check_writable(args.markdown)
     rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
     _progress(f"fastcollate bench: backend={_ext.backend()}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op threads, {rounds} rounds")
@@ -79,6 +83,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(bench.format_table(rows))
     print("speedup = default_collate time / fastcollate time; of memcpy = a Tensor.copy_ of the same "
           "bytes into a reused buffer / fastcollate time (medians)")
+    if args.markdown:
+        from ._bench import markdown
+
+        markdown.write_collate(args.markdown, rows, args.argv, backend=_ext.backend(), quick=args.quick,
+                               rounds=rounds, min_time=min_time)
+        _progress(f"wrote {args.markdown}")
     pad_rows = bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress)
     print("\npadding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:")
     print(bench.format_pad_table(pad_rows))
@@ -195,6 +205,12 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _check_writable(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"cannot write {path}: {folder} does not exist")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .training.tune import tune_loader
 
@@ -239,8 +255,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for k, v in checks:
         print(f"  {k:<{width}}  {v}")
     for path in (args.trace, args.plot):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise CliError(f"cannot write {path}: {os.path.dirname(os.path.abspath(path))} does not exist")
+        if path:
+            _check_writable(path)
     if args.dataset:
         ds = _load_dataset(args.dataset)
         print(doctor.compare(ds, args.batch_size, workers, args.batches, args.trace, args.plot, progress=_progress))
@@ -273,12 +289,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", help="comma-separated subset of the collate workloads")
     b.add_argument("--no-train", action="store_true", help="skip the end-to-end training run")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--markdown", metavar="PATH.md",
+                   help="also write the collate table as Markdown, headed by the command, machine and torch "
+                        "that made it (the docs' benchmark pages)")
     b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (the sweep: log-log; needs matplotlib)")
     b.add_argument("--sweep", action="store_true",
                    help="only the scaling sweep: batch size 1-4096 x leaves per sample 1-64, ns/leaf and GB/s")
     b.add_argument("--peers", action="store_true",
-                   help="only the peers table: torch, SPDL, torchdata.nodes, Ray Data, get_batch, HF collators "
-                        "(those installed) on image-folder, token, padded and tabular workloads")
+                   help="only the peers table: torch, SPDL, torchdata.nodes, get_batch, HF collators "
+                        "(those installed) on image-folder, token, padded and tabular workloads (Ray Data: "
+                        "see --engines)")
     b.add_argument("--workers", type=int, help="--peers: workers (or threads) of every loader (default 2)")
     b.add_argument("--engines", action="store_true",
                    help="only the distributed engines table: Ray Data's default collate vs fastcollate.ray.ArrowCollate "
@@ -305,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as a results file names it
     if not getattr(args, "fn", None):
         parser.print_help()
         return 2

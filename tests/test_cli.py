@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -17,9 +18,14 @@ def run(*args, timeout=300):
 
 
 def test_bench_quick(tmp_path):
-    out = tmp_path / "b.json"
-    r = run("bench", "--quick", "--workloads", "tiny,nested", "--json", str(out))
+    out, md = tmp_path / "b.json", tmp_path / "collate.md"
+    r = run("bench", "--quick", "--workloads", "tiny,nested", "--json", str(out), "--markdown", str(md))
     assert r.returncode == 0, r.stderr
+    # the Markdown table names what made it: the command, the machine, torch, and that it was a quick run
+    text = md.read_text()
+    assert f"`fastcollate bench --quick --workloads tiny,nested --json {out} --markdown {md}`" in text
+    assert "usable cores" in text and f"torch {torch.__version__}" in text and "a quick run" in text
+    assert "| 4 x {uint8" in text and "| 256 x nested" in text and "|---" in text
     assert "speedup" in r.stdout and "end-to-end" in r.stdout and "-bound" in r.stdout
     assert "[collate 1/2] tiny" in r.stderr  # progress
     data = json.loads(out.read_text())
@@ -85,6 +91,21 @@ def test_help_everywhere():
     for args in ([], ["bench"], ["tune"], ["doctor"]):
         r = run(*args, "--help")
         assert r.returncode == 0 and "usage:" in r.stdout
+
+
+def test_bench_help_lists_the_peers_that_run():
+    # Ray Data is not in the peers table (bench --engines compares it on its own)
+    from fastcollate.cli import build_parser
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    helps = {a.dest: a.help for a in bench._actions}
+    assert "Ray" not in helps["peers"].split("(Ray Data: see --engines)")[0]
+    assert "Ray Data" in helps["engines"]
+
+
+def test_bench_markdown_refuses_a_missing_folder(tmp_path):
+    r = run("bench", "--quick", "--markdown", str(tmp_path / "no" / "t.md"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
