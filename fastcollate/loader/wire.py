@@ -12,7 +12,7 @@ shape, strides), the arena pickled once per message however many tensors share i
 
 * a ring slot (fastcollate.loader.ring): the main process leases the slot; no descriptor;
 * a ring's fallback arena (fastcollate.core.shm.batch_arena, when no slot was free): its
-  descriptor, which the main process reads into its own memory (up to ``MAP_MIN_BYTES``) or
+  descriptor, which the main process reads into its own memory (under ``MAP_MIN_BYTES``) or
   maps (larger), then closes at once;
 
 and every other tensor goes torch's way, unchanged (fastcollate.collate in torch's own
@@ -32,11 +32,14 @@ import torch
 from .. import _ext
 from ..core.shm import remember, sendable
 
-# Received arenas up to this size are read into the main process's own (pooled) memory, larger
+# Received arenas under this size are read into the main process's own (pooled) memory, larger
 # ones mapped. A mapping is one entry in the process's map table (vm.max_map_count, 65530 by
-# default: a consumer holding more small batches than that could not map them all), and its
-# pages fault in one by one when read; reading a small arena costs one copy inside the kernel.
-MAP_MIN_BYTES = int(os.environ.get("FASTCOLLATE_MAP_BYTES", 1 << 20))
+# default: a consumer holding more small batches than that could not map them all), its pages
+# fault in one by one when first read, and it is unmapped when the batch dies; reading costs one
+# copy inside the kernel into warm memory. benchmarks/receive_arena.py times a batch's whole
+# life both ways: reading wins by about 2x up to 64 KB and still at 1 MB; the two are even
+# (within the spread) at 2-4 MB, and mapping wins from about 16 MB.
+MAP_MIN_BYTES = int(os.environ.get("FASTCOLLATE_MAP_BYTES", 4 << 20))
 
 _torch_reduce: Any = None
 _installed: list[int] = [0]  # the pid where the reducer is installed
