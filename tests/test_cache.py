@@ -501,3 +501,47 @@ def test_128_mb_cached_with_an_8_mb_dev_shm(context):
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr[-2000:]
     hits, misses, nbytes = map(int, r.stdout.split()[1:])
     assert (hits, misses) == (128, 128) and nbytes > 128 << 20
+
+
+# ---- the engine's contract ------------------------------------------------------------------------
+
+def test_control_block_words_and_entries_are_named():
+    words = C.cache_words
+    ds = fastcollate.Cached(Listed([torch.ones(4), 7]), max_bytes=1 << 16)
+    assert ds.ctrl.numel() == C.cache_ctrl_words(2) == words["header"] + 2 * words["entry_words"]
+    assert int(ds.ctrl[words["entries"]]) == 2 and int(ds.ctrl[words["capacity"]]) == 1 << 16
+    ds[1]
+    entry = ds.ctrl[words["header"] + words["entry_words"]:words["header"] + 2 * words["entry_words"]].tolist()
+    span = C.cache_find(ds.ctrl, 1)
+    assert entry[words["entry_state"]] == C.cache_states["ready"] == C.cache_state(ds.ctrl, 1)
+    assert (entry[words["entry_offset"]], entry[words["entry_length"]]) == (span.offset, span.length)
+    assert span.offset % C.cache_align == 0 and int(ds.ctrl[words["top"]]) == -(-span.length // 64) * 64
+    assert C.cache_find(ds.ctrl, 0).offset == -1
+    assert C.cache_claim(ds.ctrl, 1, os.getpid()).outcome == C.cache_claims["ready"]
+
+
+def test_the_engine_refuses_bad_calls_saying_what_it_got():
+    ds = fastcollate.Cached(Listed([1]), max_bytes=1 << 10)
+    with pytest.raises(RuntimeError, match="index 5 is outside the cache's 1 entries"):
+        C.cache_find(ds.ctrl, 5)
+    with pytest.raises(RuntimeError, match="positive pid, got 0"):
+        C.cache_claim(ds.ctrl, 0, 0)
+    with pytest.raises(RuntimeError, match="not held by pid 12345"):
+        C.cache_reserve(ds.ctrl, 0, 12345, 10)
+    with pytest.raises(RuntimeError, match="contiguous int64 CPU tensor"):
+        C.cache_find(torch.zeros(20, dtype=torch.int32), 0)
+    with pytest.raises(RuntimeError, match="no counter 11"):
+        C.cache_add(ds.ctrl, 11, 1)
+    pid = os.getpid()
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["claimed"]
+    with pytest.raises(RuntimeError, match="was not reserved"):
+        C.cache_publish(ds.ctrl, 0, pid, 0, 10)
+    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: full, claim released
+    assert C.cache_state(ds.ctrl, 0) == 0 and ds.stats()["full"]
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["full"]
+
+
+def test_the_docstrings_examples_run():
+    import doctest
+
+    assert doctest.testmod(cache_mod).failed == 0

@@ -288,15 +288,15 @@ class Cached(Dataset):
             claim = C.cache_claim(self.ctrl, i, pid)
         return claim.outcome == C.cache_claims["claimed"]
 
-    def _fetch(self, indices: list[Any], entries: list[int]) -> list[Any]:
-        """The dataset's samples for indices (one __getitems__ call when there are several), each
-        inserted whose entry this process could claim."""
+    def _fetch(self, indices: list[Any], entries: list[int], batched: bool = False) -> list[Any]:
+        """The dataset's samples for indices (``batched``: one ``__getitems__`` call, else
+        ``dataset[index]``), each inserted whose entry this process could claim."""
         pid = os.getpid()
         claimed = [i >= 0 and self._claim(i, pid) for i in entries]
         t0 = time.perf_counter_ns()
         try:
-            if len(indices) == 1:
-                samples = [self.dataset[indices[0]]]
+            if not batched:
+                samples = [self.dataset[index] for index in indices]
             else:
                 samples = list(self.dataset.__getitems__(indices))
                 if len(samples) != len(indices):
@@ -363,7 +363,7 @@ class Cached(Dataset):
             if self.ctrl is None or disabled():
                 fetched = list(self.dataset.__getitems__([indices[p] for p in missing]))
             else:
-                fetched = self._fetch([indices[p] for p in missing], [entries[p] for p in missing])
+                fetched = self._fetch([indices[p] for p in missing], [entries[p] for p in missing], batched=True)
             for p, sample in zip(missing, fetched):
                 out[p] = sample
         return out if self.transform is None else [self._transform(s) for s in out]
