@@ -137,14 +137,16 @@ def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | N
         if type(want) is not torch.Tensor or vars(want):
             assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)
     elif isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, f"{where}: dtype {got.dtype.str} != {want.dtype.str}"
+        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, \
+            f"{where}: dtype {got.dtype.str} != {want.dtype.str}"
         assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
         assert got.strides == want.strides, f"{where}: strides {got.strides} != {want.strides}"
         for flag in ("WRITEABLE", "C_CONTIGUOUS", "F_CONTIGUOUS"):
             assert got.flags[flag] == want.flags[flag], f"{where}: flag {flag} {got.flags[flag]} != {want.flags[flag]}"
         assert got.tobytes() == want.tobytes(), f"{where}: values differ"
     elif isinstance(want, np.generic):
-        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, f"{where}: dtype {got.dtype} != {want.dtype}"
+        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, \
+            f"{where}: dtype {got.dtype} != {want.dtype}"
         assert got.tobytes() == want.tobytes(), f"{where}: {got!r} != {want!r} (bytes)"
     elif isinstance(want, float):
         assert _float_bits(got) == _float_bits(want), f"{where}: {got!r} != {want!r} (bits)"

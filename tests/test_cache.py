@@ -545,3 +545,25 @@ def test_the_docstrings_examples_run():
     import doctest
 
     assert doctest.testmod(cache_mod).failed == 0
+
+
+def test_without_the_compiled_engine_it_passes_through():
+    code = """
+import sys, warnings
+class Block:
+    def find_spec(self, name, path, target=None):
+        if name == "fastcollate._C":
+            raise ImportError("blocked for the test")
+sys.meta_path.insert(0, Block())
+warnings.simplefilter("ignore")
+import torch, fastcollate
+base = [torch.ones(2) * i for i in range(3)]
+ds = fastcollate.Cached(base, transform=lambda x: x + 1)
+assert [ds[i].tolist() for i in (1, 1)] == [[2.0, 2.0], [2.0, 2.0]]
+s = ds.stats()
+assert s["enabled"] is False and s["hits"] == 0, s
+print("OK")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.stdout.strip() == "OK", r.stderr[-2000:]

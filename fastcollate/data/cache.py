@@ -42,7 +42,8 @@ insert that finds no room makes the cache full: from then on nothing is inserted
 ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
 the container's cgroup, not once per worker) and freed when the last process holding the cache
 lets it go. A writer that dies mid-insert leaves its entry to be reclaimed by the next process that
-finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated.
+finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated. (Should
+the kernel give that pid to a new process first, the entry stays a miss until that one ends.)
 
 Time. ``stats()`` also gives the time spent in hits (``hit_s``: reading and rebuilding), in the
 dataset on misses (``fetch_s``), in inserts (``insert_s``) and in ``transform`` (``transform_s``),
@@ -205,7 +206,8 @@ class Cached(Dataset):
                            "sample comes from the dataset", _ext.LOAD_ERROR)
         else:
             C = _ext._C
-            self.ctrl = shared_segment(C.cache_ctrl_words(self.entries) * 8, "fastcollate-cache-index").view(torch.int64)
+            index_bytes = C.cache_ctrl_words(self.entries) * 8
+            self.ctrl = shared_segment(index_bytes, "fastcollate-cache-index").view(torch.int64)
             self.data = shared_segment(self.max_bytes, "fastcollate-cache")
             C.cache_init(self.ctrl, self.entries, self.max_bytes)
         _CACHES[self.id] = self
@@ -217,7 +219,8 @@ class Cached(Dataset):
         if self.ctrl is not None and context.get_spawning_popen() is not None:
             # a spawn/forkserver worker being started: the segments travel as torch shares them
             # (file descriptors); a forked worker inherits them and pickles nothing
-            state = {k: self.__dict__[k] for k in ("dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data")}
+            keys = ("dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data")
+            state = {k: self.__dict__[k] for k in keys}
             return (_worker_cache, (state,))
         # a plain copy (pickle, deepcopy) is the same cache where it exists: never a copy of it
         return (_same_cache, (self.id, self.dataset, self.transform, self.max_bytes))
@@ -323,7 +326,8 @@ class Cached(Dataset):
             C.cache_release(self.ctrl, i, pid, C.cache_states["uncacheable"])
             why = str(exc) if isinstance(exc, Uncacheable) else f"{type(exc).__name__}: {exc}"
             _warn_once(self, f"uncacheable:{type(exc).__name__}:{why[:60]}",
-                       f"fastcollate.Cached: sample {i} is not cached ({why}); it is fetched from the dataset every time")
+                       f"fastcollate.Cached: sample {i} is not cached ({why}); it is fetched from the dataset every "
+                       "time")
             return
         except BaseException:
             C.cache_release(self.ctrl, i, pid, 0)

@@ -174,7 +174,8 @@ def decode(view: memoryview, offset: int) -> Any:
     return pickle.loads(view[start:start + plen], buffers=buffers)
 
 
-def _tensor(buf: Any, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...], flags: tuple) -> torch.Tensor:
+def _tensor(buf: Any, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...],
+            flags: tuple) -> torch.Tensor:
     requires_grad, conj, neg, inference = flags
     if inference:  # made under inference mode, as the dataset's was
         with torch.inference_mode():
