@@ -11,6 +11,7 @@ from ._ext import backend, cuda_kernels_built
 from . import transforms
 from .core import reference
 from .data.arrays import ArrayDataset, Gathered, Ragged, TokenWindows
+from .data.cache import Cached
 from .core.collator import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
 from .loader.dataloader import DataLoader, with_ring
 from .training.monitor import StallMonitor
@@ -46,6 +47,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArrayDataset",
+    "Cached",
     "Collator",
     "CudaPrefetcher",
     "DataLoader",

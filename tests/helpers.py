@@ -97,3 +97,78 @@ def assert_resumes_as_torchdata(dataset, workers, head, batches, ring_hits):
         assert_same(a, b)
     if workers:
         assert resumed.stats()["ring_hits"] == ring_hits
+
+
+def _float_bits(x: float) -> bytes:
+    import struct
+
+    return struct.pack("<d", x)
+
+
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)
+
+
+def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | None = None) -> None:
+    """Stricter than assert_same, for one sample that went through a cache (not a collated batch):
+    the exact type at every level; a tensor's dtype, shape, strides (empty tensors' too), layout,
+    device, requires_grad, conjugate/negative bits, inference-ness and bytes; a numpy array's dtype
+    (byte order included), shape, strides, writeable and contiguity flags and bytes; a numpy
+    scalar's dtype and bytes; floats and complex numbers bit for bit (NaN payloads, -0.0);
+    mappings key by key in order; sequences item by item; other objects by ``==`` and their
+    attributes; and an object that appears twice in ``want`` is one object in ``got``."""
+    import numpy as np
+
+    memo = {} if _memo is None else _memo
+    assert type(got) is type(want), f"{where}: type {type(got)} != {type(want)}"
+    if not isinstance(want, _ATOMS):
+        if id(want) in memo:
+            assert memo[id(want)] is got, f"{where}: the same object twice in the sample is two objects"
+            return
+        memo[id(want)] = got
+    if isinstance(want, torch.Tensor):
+        for attr in ("dtype", "shape", "layout", "device", "requires_grad"):
+            assert getattr(got, attr) == getattr(want, attr), \
+                f"{where}: {attr} {getattr(got, attr)} != {getattr(want, attr)}"
+        assert got.stride() == want.stride(), f"{where}: strides {got.stride()} != {want.stride()}"
+        for flag in ("is_conj", "is_neg", "is_inference"):
+            assert getattr(got, flag)() == getattr(want, flag)(), f"{where}: {flag}() differs"
+        assert got.is_leaf == want.is_leaf, f"{where}: is_leaf differs"
+        assert tensor_bytes(got) == tensor_bytes(want), f"{where}: values differ"
+        if type(want) is not torch.Tensor or vars(want):
+            assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)
+    elif isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, \
+            f"{where}: dtype {got.dtype.str} != {want.dtype.str}"
+        assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
+        assert got.strides == want.strides, f"{where}: strides {got.strides} != {want.strides}"
+        for flag in ("WRITEABLE", "C_CONTIGUOUS", "F_CONTIGUOUS"):
+            assert got.flags[flag] == want.flags[flag], f"{where}: flag {flag} {got.flags[flag]} != {want.flags[flag]}"
+        assert got.tobytes() == want.tobytes(), f"{where}: values differ"
+    elif isinstance(want, np.generic):
+        assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, \
+            f"{where}: dtype {got.dtype} != {want.dtype}"
+        assert got.tobytes() == want.tobytes(), f"{where}: {got!r} != {want!r} (bytes)"
+    elif isinstance(want, float):
+        assert _float_bits(got) == _float_bits(want), f"{where}: {got!r} != {want!r} (bits)"
+    elif isinstance(want, complex):
+        assert (_float_bits(got.real), _float_bits(got.imag)) == (_float_bits(want.real), _float_bits(want.imag)), \
+            f"{where}: {got!r} != {want!r} (bits)"
+    elif isinstance(want, (str, bytes, bytearray, int, type(None))):
+        assert got == want, f"{where}: {got!r} != {want!r}"
+    elif hasattr(want, "keys") and hasattr(want, "items"):
+        assert list(got.keys()) == list(want.keys()), f"{where}: keys {list(got.keys())} != {list(want.keys())}"
+        for k in want.keys():
+            assert_identical(got[k], want[k], f"{where}[{k!r}]", memo)
+    elif isinstance(want, (list, tuple)) or (hasattr(want, "__len__") and hasattr(want, "__getitem__")):
+        assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
+        for i in range(len(want)):
+            assert_identical(got[i], want[i], f"{where}[{i}]", memo)
+    elif isinstance(want, (set, frozenset)):
+        assert got == want, f"{where}: {got!r} != {want!r}"
+    elif hasattr(want, "__dict__"):
+        assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+    if hasattr(want, "__dict__") and not isinstance(want, (torch.Tensor, type)) and \
+            (hasattr(want, "keys") or isinstance(want, (list, tuple))):
+        assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)

@@ -1,5 +1,7 @@
 """Run inside a private mount namespace with a tiny /dev/shm (tests/test_containers.py): one
-loader's epoch of 9.6 MB batches; prints OK and the loader's stats, or dies as torch's does."""
+loader's epoch of 9.6 MB batches; prints OK and the loader's stats, or dies as torch's does.
+``cache-fork`` / ``cache-spawn`` (tests/test_cache.py): 134 MB of samples in a fastcollate.Cached
+filled by two workers in epoch 1 and read by them in epoch 2; prints OK, hits, misses, bytes."""
 import sys
 
 import torch
@@ -16,7 +18,31 @@ class Big(Dataset):
         return {"x": torch.full((300_000,), float(i)), "y": i}  # 1.2 MB a sample
 
 
+class Megabytes(Dataset):
+    def __len__(self):
+        return 128
+
+    def __getitem__(self, i):
+        return torch.full((262_144,), float(i))  # 1 MB a sample, 128 MB in all
+
+
+def cache(context: str) -> None:
+    ds = fastcollate.Cached(Megabytes())
+    loader = fastcollate.DataLoader(ds, batch_size=8, num_workers=2, timeout=120, multiprocessing_context=context)
+    for _ in range(2):
+        seen = 0
+        for b in loader:
+            assert torch.equal(b[:, 0], torch.arange(seen, seen + 8, dtype=torch.float32)), "a batch arrived wrong"
+            assert torch.equal(b[:, -1], b[:, 0]), "a batch arrived wrong"
+            seen += 8
+        assert seen == 128
+    s = ds.stats()
+    print("OK", s["hits"], s["misses"], s["bytes"], flush=True)
+
+
 def main(which: str) -> None:
+    if which.startswith("cache-"):
+        return cache(which.split("-", 1)[1])
     kw = dict(batch_size=8, num_workers=2, timeout=60)  # 9.6 MB batches
     if which == "torch":
         loader = DataLoader(Big(), **kw)

@@ -10,7 +10,10 @@ What is fuzzed, against what:
   * the gathers -- ``ArrayDataset`` (arrays, memmaps, tensors, Ragged, widening, tuple samples),
     ``TokenWindows``, ``from_hf`` -- against ``default_collate([ds[i] for i in indices])``;
   * a sample of the collate and padding cases inside DataLoader workers (fork and spawn):
-    ``fastcollate.DataLoader`` against torch's DataLoader, batch for batch.
+    ``fastcollate.DataLoader`` against torch's DataLoader, batch for batch;
+  * ``fastcollate.Cached``: every sample of the collate and padding cases, read back from the
+    cache, against the sample the dataset gave (helpers.assert_identical: types, dtypes, shapes,
+    strides, flags, bytes -- NaNs included).
 
 Each test runs its slice of the seeds ``FASTCOLLATE_FUZZ_SEED`` (default 0) onwards; the number
 of cases scales with ``FASTCOLLATE_FUZZ_N`` (default 8,000 collate cases, ~12,000 cases in all).
@@ -34,9 +37,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 import fastcollate
-from fuzzcases import (difference, make, outcome, random_case, random_columns, random_indices, random_pad_case,
-                       reproducer, shrink, signature)
-from helpers import assert_same
+from fuzzcases import (code, difference, make, make_batch, outcome, random_case, random_columns, random_indices,
+                       random_pad_case, reproducer, shrink, signature)
+from helpers import assert_identical, assert_same
 
 N = int(os.environ.get("FASTCOLLATE_FUZZ_N", "8000"))
 SEED = int(os.environ.get("FASTCOLLATE_FUZZ_SEED", "0"))
@@ -298,3 +301,23 @@ def test_workers_equal_torch_workers(context, padded):
                         + reproducer(small, "fastcollate.DataLoader(Recipes(batch_recipes), ...)", case_seeds[b],
                                      why, "torch's DataLoader"), pytrace=False)
     assert ours.stats()["ring_hits"] > 0  # the ring's path was the one compared
+
+
+# ---- the sample cache ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("part", range(2))
+def test_cached_samples_equal_the_datasets(part):
+    for seed in seeds(part, 2, N // 4, stream=8):
+        recipes = random_case(seed) if seed % 3 else random_pad_case(seed)[1]
+        samples = make_batch(recipes)
+        ds = fastcollate.Cached(samples, max_bytes=1 << 24)
+        for j, sample in enumerate(samples):
+            assert ds[j] is sample  # the first fetch: the dataset's own
+            try:
+                assert_identical(ds[j], sample)
+            except AssertionError as exc:
+                pytest.fail(f"fuzz seed {seed}: sample {j} read back from fastcollate.Cached differs: {exc}\n"
+                            f"rebuild it (run from tests/): from fuzzcases import *; sample = make({code(recipes[j])})",
+                            pytrace=False)
+        s = ds.stats()
+        assert (s["hits"], s["inserts"], s["uncacheable"]) == (len(samples), len(samples), 0), (seed, s)

@@ -10,6 +10,7 @@ void register_engine_ops(pybind11::module_& m);    // python/engine_ops.cpp: the
 void register_gather_ops(pybind11::module_& m);    // python/gather.cpp: the planned gather
 void register_fixed_gather(pybind11::module_& m);  // python/gather_fixed.cpp: FixedGather
 void register_ring_ops(pybind11::module_& m);      // python/ring.cpp: slot claims, leases, views
+void register_cache_ops(pybind11::module_& m);     // python/cache.cpp: the sample cache's entries and counters
 #if FASTCOLLATE_WITH_CUDA
 void register_host_ops(pybind11::module_& m);      // cuda/host_register.cpp: page-locking
 #endif

@@ -39,6 +39,22 @@ _SENDABLE: dict[int, list] = {}
 _pruned_at = [64]
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process pid is alive (a zombie -- exited, not yet reaped -- is not): how the ring
+    and the sample cache tell a dead worker's claim from a live one's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def batch_arena(nbytes: int, note: Any = None) -> torch.Tensor:
     """A batch's arena in a DataLoader worker: a shared segment (see shared_segment) recorded as
     one of fastcollate's, which the worker sends by reference rather than as torch would;

@@ -31,7 +31,7 @@ import torch
 
 from .. import _ext, _trace
 from ..core.collator import worker_arenas
-from ..core.shm import batch_arena, shared_segment
+from ..core.shm import batch_arena, pid_alive, shared_segment
 from ..core.tree import iter_tensors
 from . import wire
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
@@ -61,18 +61,7 @@ _POPULATED: dict[tuple[str, int], int] = {}
 os.register_at_fork(after_in_child=_Pid.refresh)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - another user's process
-        return True
-    try:  # a zombie (exited, not yet reaped) is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+_pid_alive = pid_alive  # the old name
 
 
 def _free_held(ctrl: torch.Tensor, slot: int) -> None:

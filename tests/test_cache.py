@@ -1,0 +1,569 @@
+"""fastcollate.Cached: a cached sample is the dataset's exactly (assert_identical: types, dtypes,
+shapes, strides, flags, bytes); DataLoader workers fill it in epoch 1 and every worker reads what
+any other inserted, spawn, fork and forkserver, persistent or not; a full cache keeps serving;
+transform runs after the cache on every fetch; a dead writer's entry is reclaimed; an 8 MB /dev/shm
+is no limit. The fuzzed round trips are in test_fuzz.py."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import decimal
+import fractions
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+import fastcollate
+from fastcollate import _ext
+from fastcollate.data import cache as cache_mod
+from helpers import assert_identical
+
+C = _ext._C
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- datasets (module level: spawn workers import them) --------------------------------------------
+
+class Listed(Dataset):
+    """Sample i is items[i] itself; counts[i] how often it was fetched (shared with workers)."""
+
+    def __init__(self, items):
+        self.items = items
+        self.counts = torch.zeros(len(items), dtype=torch.int32).share_memory_()
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        self.counts[i] += 1
+        return self.items[i]
+
+
+class Batched(Listed):
+    def __init__(self, items):
+        super().__init__(items)
+        self.calls = []
+
+    def __getitems__(self, indices):
+        self.calls.append(list(indices))
+        return [self[i] for i in indices]
+
+
+class Tagged(Dataset):
+    """A deterministic sample that also says which worker fetched it (-1: the main process)."""
+
+    def __init__(self, n):
+        self.n = n
+        self.counts = torch.zeros(n, dtype=torch.int32).share_memory_()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.counts[i] += 1
+        info = get_worker_info()
+        return {"x": torch.arange(16, dtype=torch.float32) + i, "i": i, "by": -1 if info is None else info.id}
+
+
+def read_by(sample):
+    info = get_worker_info()
+    return dict(sample, read_by=-1 if info is None else info.id)
+
+
+class EpochBatches:
+    """Batches of 4 in order in epoch 0, shifted by one batch in epoch 1 (set_epoch): a batch's
+    samples were fetched in epoch 0 by the worker of the batch after it (round-robin)."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n // 4
+
+    def __iter__(self):
+        order = list(range(self.n))
+        shift = 4 * (self.epoch % 2)
+        order = order[shift:] + order[:shift]
+        return iter([order[k:k + 4] for k in range(0, self.n, 4)])
+
+
+class Flip:
+    """A random augmentation: adds a random number drawn from torch's generator."""
+
+    def __call__(self, x):
+        return x + torch.rand(())
+
+
+@dataclasses.dataclass
+class Record:
+    name: str
+    values: list
+
+
+NT = collections.namedtuple("NT", ["a", "b"])
+
+
+def _round_trip(sample):
+    """The sample as the dataset gave it (a miss), and as the cache gives it back (a hit)."""
+    ds = fastcollate.Cached(Listed([sample]), max_bytes=64 << 20)
+    first = ds[0]
+    again = ds[0]
+    return ds, first, again
+
+
+def _kinds():
+    big = torch.arange(100_000, dtype=torch.float32).reshape(1000, 100)
+    ro = np.arange(6.0).reshape(2, 3)
+    ro.flags.writeable = False
+    with torch.inference_mode():
+        inference = torch.ones(3)
+    shared = torch.arange(3)
+    loop: list = [1]
+    loop.append(loop)
+    return {
+        "row of a big tensor": big[7],
+        "column view": big[:, 3],
+        "transposed": big[:4].t(),
+        "channels_last": torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+        "expanded": torch.ones(3, 1).expand(3, 7),
+        "offset view": torch.arange(10)[3:],
+        "0-d": torch.tensor(2.5, dtype=torch.float64),
+        "empty with strides": torch.empty(0, 3).as_strided((0, 3), (7, 2)),
+        "bool": torch.tensor([True, False]),
+        "bfloat16 nan": torch.tensor([float("nan"), -0.0], dtype=torch.bfloat16),
+        "float8": torch.randn(4).to(torch.float8_e4m3fn),
+        "complex conj": torch.randn(3, dtype=torch.complex64).conj(),
+        "neg view": torch._neg_view(torch.randn(3)),
+        "requires_grad leaf": torch.randn(3, requires_grad=True),
+        "inference": inference,
+        "parameter": torch.nn.Parameter(torch.ones(2)),
+        "uint16": torch.arange(5).to(torch.uint16),
+        "numpy F": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        "numpy negative strides": np.arange(12.0).reshape(3, 4)[::-1, ::-2],
+        "numpy big-endian": np.arange(5, dtype=">i4"),
+        "numpy read-only": ro,
+        "numpy structured": np.zeros(3, dtype=[("a", "<i4"), ("b", ">f8")]),
+        "numpy empty": np.zeros((2, 0, 3))[:, :, ::2],
+        "numpy 0-d": np.array(3.5),
+        "numpy scalars": [np.float32("nan"), np.int8(-3), np.bool_(True), np.complex128(1 - 2j)],
+        "strings": np.array(["ab", "c"]),
+        "python": {"int": 2**70, "float": float("nan"), "neg0": -0.0, "str": "é", "bytes": b"\x00",
+                   "none": None, "tuple": (1, (2, 3)), "set": {1, 2}, "frozenset": frozenset("ab"),
+                   "complex": complex(1, float("inf")), "decimal": decimal.Decimal("1.10"),
+                   "fraction": fractions.Fraction(1, 3), "bytearray": bytearray(b"xy")},
+        "containers": collections.OrderedDict(b=[NT(1, torch.ones(2)), Record("r", [1.5])], a=collections.deque([1])),
+        "one object twice": [shared, shared, {"again": shared}],
+        "self-referencing list": loop,
+    }
+
+
+KINDS = _kinds()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_cached_sample_is_the_datasets_exactly(kind):
+    ds, first, again = _round_trip(KINDS[kind])
+    assert first is KINDS[kind]  # a miss returns the dataset's own sample
+    assert_identical(again, KINDS[kind])
+    s = ds.stats()
+    assert (s["hits"], s["misses"], s["inserts"], s["uncacheable"]) == (1, 1, 1, 0)
+    assert ds.dataset.counts.tolist() == [1]
+
+
+def test_a_view_costs_the_bytes_it_spans_not_its_storage():
+    big = torch.zeros(1000, 1000)  # 4 MB
+    ds = fastcollate.Cached(Listed([big[3], big[:, 5][:2]]), max_bytes=64 << 20)
+    ds[0], ds[1]
+    assert ds.stats()["payload_bytes"] < 4000 + 4 * 1001 + 2 * 512
+
+
+def test_every_hit_is_new_objects_a_transform_cannot_change_the_cache():
+    def in_place(x):
+        x.mul_(0)
+        return x
+
+    ds = fastcollate.Cached(Listed([torch.ones(4)]), transform=in_place, max_bytes=1 << 20)
+    for _ in range(3):
+        assert ds[0].sum() == 0
+        assert torch.equal(ds._get(0), torch.ones(4))
+
+
+@pytest.mark.parametrize("what", ["sparse", "object array", "memmap row", "lambda", "cuda-free meta"])
+def test_what_cannot_be_cached_exactly_is_fetched_every_time(what, tmp_path):
+    if what == "sparse":
+        sample = torch.ones(3).to_sparse()
+    elif what == "object array":
+        sample = np.array([1, "a"], dtype=object)
+    elif what == "memmap row":
+        mm = np.memmap(tmp_path / "m.dat", dtype=np.float32, mode="w+", shape=(4, 3))
+        sample = mm[1]
+    elif what == "lambda":
+        sample = {"f": lambda: 1}
+    else:
+        sample = torch.empty(3, device="meta")
+    base = Listed([sample])
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    for _ in range(3):
+        assert ds[0] is sample
+    s = ds.stats()
+    assert (s["hits"], s["misses"], s["inserts"], s["uncacheable"]) == (0, 3, 0, 1)
+    assert base.counts.tolist() == [3]
+    assert C.cache_state(ds.ctrl, 0) == C.cache_states["uncacheable"]
+
+
+def test_a_full_cache_keeps_serving_and_counts_misses():
+    items = [torch.full((256,), float(i)) for i in range(20)]  # 1 KB + header each
+    base = Listed(items)
+    ds = fastcollate.Cached(base, max_bytes=5 * 1200)
+    for epoch in range(3):
+        for i in range(20):
+            assert_identical(ds[i], items[i])
+    s = ds.stats()
+    cached = s["inserts"]
+    assert 3 <= cached < 20 and s["full"] and s["refused_full"] == 1
+    assert s["hits"] == 2 * cached and s["misses"] == 20 + 2 * (20 - cached)
+    assert s["bytes"] <= s["capacity"] == 6000
+    assert base.counts.tolist() == [1] * cached + [3] * (20 - cached)
+
+
+def test_max_bytes_zero_caches_nothing_and_works():
+    ds = fastcollate.Cached(Listed([1, 2]), max_bytes=0)
+    assert [ds[0], ds[1], ds[0]] == [1, 2, 1]
+    assert ds.stats()["inserts"] == 0 and ds.stats()["full"]
+
+
+def test_transform_runs_after_the_cache_on_every_fetch():
+    items = [torch.zeros(8) for _ in range(4)]
+    base = Listed(items)
+    ds = fastcollate.Cached(base, transform=Flip(), max_bytes=1 << 20)
+    epochs = [[ds[i] for i in range(4)] for _ in range(3)]
+    assert base.counts.tolist() == [1, 1, 1, 1]  # the dataset once
+    for i in range(4):  # the augmentation every time, different each epoch
+        assert not torch.equal(epochs[0][i], epochs[1][i]) and not torch.equal(epochs[1][i], epochs[2][i])
+    assert ds.stats()["transform_s"] > 0
+    assert torch.equal(ds._get(0), torch.zeros(8))  # the cache holds the untransformed sample
+
+
+def test_getitems_fetches_only_the_misses_in_one_call():
+    items = [torch.full((3,), float(i)) for i in range(8)]
+    base = Batched(items)
+    ds = fastcollate.Cached(base, transform=lambda x: x * 2, max_bytes=1 << 20)
+    assert hasattr(ds, "__getitems__")
+    first = ds.__getitems__([0, 1, 2, 3])
+    second = ds.__getitems__([2, 3, 4, 5, 5])
+    assert base.calls == [[0, 1, 2, 3], [4, 5, 5]]
+    for got, i in zip(first + second, [0, 1, 2, 3, 2, 3, 4, 5, 5]):
+        assert_identical(got, items[i] * 2)
+    assert not hasattr(fastcollate.Cached(Listed(items), max_bytes=1 << 20), "__getitems__")
+    batches = list(DataLoader(ds, batch_size=4))  # torch's fetcher takes the batch path
+    assert base.calls[2:] == [[6, 7]] and torch.equal(batches[1][:, 0], torch.tensor([8.0, 10, 12, 14]))
+
+
+def test_only_python_int_indices_in_range_are_cached():
+    class Keyed(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, key):
+            return repr(key)
+
+    ds = fastcollate.Cached(Keyed(), max_bytes=1 << 20)
+    keys = [np.int64(1), True, -1, "k", 5, 1, 1]
+    assert [ds[k] for k in keys] == [Keyed()[k] for k in keys]
+    assert ds.stats()["inserts"] == 1 and ds.stats()["hits"] == 1
+
+
+def test_a_failing_fetch_leaves_the_entry_free():
+    class Flaky(Dataset):
+        calls = 0
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise KeyError("first time")
+            return "ok"
+
+    ds = fastcollate.Cached(Flaky(), max_bytes=1 << 20)
+    with pytest.raises(KeyError):
+        ds[0]
+    assert C.cache_state(ds.ctrl, 0) == 0
+    assert [ds[0], ds[0]] == ["ok", "ok"] and ds.stats()["hits"] == 1
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_dead_writers_entry_is_reclaimed():
+    items = [torch.arange(4) + i for i in range(3)]
+    ds = fastcollate.Cached(Listed(items), max_bytes=1 << 20)
+    dead = _dead_pid()
+    assert C.cache_claim(ds.ctrl, 1, dead).outcome == C.cache_claims["claimed"]
+    # a process forked mid-insert that dies before publishing: its claim and its reserved bytes
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        C.cache_claim(ds.ctrl, 2, os.getpid())
+        C.cache_reserve(ds.ctrl, 2, os.getpid(), 100)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert C.cache_state(ds.ctrl, 2) == pid
+    for _ in range(2):
+        for i in range(3):
+            assert_identical(ds[i], items[i])
+    s = ds.stats()
+    assert s["reclaimed"] == 2 and s["inserts"] == 3 and s["hits"] == 3
+    assert s["bytes"] >= s["payload_bytes"] + 128  # the dead writer's reservation stays allocated
+
+
+def test_an_entry_a_live_writer_holds_is_a_miss_never_a_wait():
+    ds = fastcollate.Cached(Listed([torch.ones(2)]), max_bytes=1 << 20)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert C.cache_claim(ds.ctrl, 0, holder.pid).outcome == C.cache_claims["claimed"]
+        for _ in range(3):
+            assert torch.equal(ds[0], torch.ones(2))
+        s = ds.stats()
+        assert (s["hits"], s["misses"], s["inserts"], s["reclaimed"]) == (0, 3, 0, 0)
+        assert C.cache_state(ds.ctrl, 0) == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    ds[0]  # the holder is gone: reclaimed and inserted
+    assert ds.stats()["reclaimed"] == 1 and ds.stats()["inserts"] == 1
+
+
+def test_threads_share_one_cache():
+    items = [torch.full((64,), float(i)) for i in range(64)]
+    ds = fastcollate.Cached(Listed(items), max_bytes=1 << 20)
+    errors = []
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for i in rng.integers(0, 64, 400):
+                assert_identical(ds[int(i)], items[int(i)])
+        except AssertionError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    s = ds.stats()
+    assert s["inserts"] == 64 and s["hits"] + s["misses"] == 1600
+
+
+# ---- in DataLoader workers ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("context,persistent,loader", [
+    ("fork", False, "torch"), ("fork", True, "fastcollate"), ("spawn", False, "fastcollate"),
+    ("spawn", True, "torch"), ("forkserver", False, "torch")])
+def test_every_worker_reads_what_the_others_inserted(context, persistent, loader):
+    n, workers = 32, 2
+    base = Tagged(n)
+    ds = fastcollate.Cached(base, transform=read_by, max_bytes=1 << 20)
+    make = DataLoader if loader == "torch" else fastcollate.DataLoader
+    sampler = EpochBatches(n)
+    dl = make(ds, batch_sampler=sampler, num_workers=workers, multiprocessing_context=context,
+              persistent_workers=persistent, timeout=120)
+    epochs = []
+    for epoch in range(3):
+        sampler.epoch = epoch
+        rows = []
+        for b in dl:
+            assert torch.equal(b["x"], torch.arange(16, dtype=torch.float32) + b["i"][:, None])
+            rows += list(zip(b["i"].tolist(), b["by"].tolist(), b["read_by"].tolist()))
+        assert sorted(r[0] for r in rows) == list(range(n))
+        epochs.append(rows)
+    assert base.counts.tolist() == [1] * n  # the dataset once per index, whichever worker
+    s = ds.stats()  # every worker's counts, read in the main process
+    assert (s["misses"], s["inserts"], s["hits"]) == (n, n, 2 * n)
+    fetched_by = {i: by for i, by, _ in epochs[0]}
+    assert set(fetched_by.values()) == set(range(workers))
+    for rows in epochs[1:]:
+        for i, by, reader in rows:
+            assert by == fetched_by[i]  # the cached sample, as its first fetch made it
+    for w in range(workers):  # in epoch 1 (shifted) each worker read samples another one inserted
+        assert any(reader == w and by != w for _, by, reader in epochs[1]), (w, epochs[1])
+
+
+def test_torch_loader_in_the_main_process():
+    base = Tagged(12)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    for _ in range(2):
+        assert sum(b["i"].numel() for b in DataLoader(ds, batch_size=5, shuffle=True)) == 12
+    assert ds.stats()["hits"] == 12 and base.counts.tolist() == [1] * 12
+
+
+def test_pickling_is_the_same_cache_here_and_a_new_one_elsewhere():
+    ds = fastcollate.Cached(Listed([1, 2, 3]), max_bytes=1 << 20)
+    ds[0]
+    blob = pickle.dumps(ds)
+    assert pickle.loads(blob) is ds
+    code = ("import pickle, sys; sys.path.insert(0, 'tests'); ds = pickle.loads(sys.stdin.buffer.read()); "
+            "print(ds[0], ds[0], ds.stats()['hits'], ds.stats()['inserts'], len(ds))")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=ROOT, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.stdout.decode().split() == ["1", "1", "1", "1", "3"], out.stderr.decode()[-2000:]
+    assert ds.stats()["inserts"] == 1  # the other process's cache was its own
+
+
+# ---- limits, errors, the kill switch --------------------------------------------------------------
+
+def test_default_max_bytes_is_half_the_available_memory():
+    avail = cache_mod.memory_available()
+    assert 0 < avail
+    assert cache_mod.default_max_bytes() == int(avail * cache_mod.DEFAULT_FRACTION) // 64 * 64
+    ds = fastcollate.Cached([1, 2])
+    assert 0 < ds.max_bytes <= avail and ds.stats()["capacity"] == ds.max_bytes
+
+
+def test_cgroup_limit_bounds_the_available_memory(tmp_path, monkeypatch):
+    (tmp_path / "memory.max").write_text("1048576\n")
+    (tmp_path / "memory.current").write_text("524288\n")
+    real = cache_mod._read_int
+    monkeypatch.setattr(cache_mod, "_read_int",
+                        lambda p: real(str(tmp_path / os.path.basename(p))) if p.startswith("/sys/fs/cgroup/memory.")
+                        else real(p))
+    assert cache_mod.memory_available() == 524288
+
+
+def test_bad_arguments_are_refused_clearly():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    with pytest.raises(TypeError, match="IterableDataset"):
+        fastcollate.Cached(Stream())
+    with pytest.raises(TypeError, match="no len"):
+        fastcollate.Cached(iter([1]))
+    with pytest.raises(ValueError, match="max_bytes"):
+        fastcollate.Cached([1], max_bytes=-1)
+    with pytest.raises(TypeError, match="callable"):
+        fastcollate.Cached([1], transform=3)
+
+
+def test_the_kill_switch_passes_through(monkeypatch):
+    base = Listed([torch.ones(2)])
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    monkeypatch.setenv("FASTCOLLATE_DISABLE", "1")
+    for _ in range(2):
+        assert ds[0] is base.items[0]
+    assert ds.stats()["inserts"] == 0 and base.counts.tolist() == [2]
+
+
+def test_estimate_gives_what_a_cached_epoch_costs():
+    samples = [{"x": torch.zeros(1000), "y": i} for i in range(6)] + [{"f": lambda: 0}]
+    e = fastcollate.Cached.estimate(samples)
+    assert (e["samples"], e["cacheable"]) == (7, 6)
+    assert 4000 < e["bytes_per_sample"] < 4000 + 512
+    assert e["read_s_per_sample"] > 0 and e["write_s_per_sample"] > 0
+    ds = fastcollate.Cached(Listed(samples[:6]), max_bytes=1 << 20)
+    for i in range(6):
+        ds[i]
+    assert ds.stats()["bytes"] == 6 * e["bytes_per_sample"]
+
+
+# ---- a container's 8 MB /dev/shm ------------------------------------------------------------------
+
+def _can_unshare() -> str | None:
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True,
+                       text=True)
+    return None if r.returncode == 0 else f"unshare -m / mount not permitted here: {r.stderr.strip()[:120]}"
+
+
+@pytest.mark.skipif(_can_unshare() is not None, reason=str(_can_unshare()))
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_128_mb_cached_with_an_8_mb_dev_shm(context):
+    probe = os.path.join(ROOT, "tests", "shm_probe.py")
+    script = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {probe} cache-{context}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr[-2000:]
+    hits, misses, nbytes = map(int, r.stdout.split()[1:])
+    assert (hits, misses) == (128, 128) and nbytes > 128 << 20
+
+
+# ---- the engine's contract ------------------------------------------------------------------------
+
+def test_control_block_words_and_entries_are_named():
+    words = C.cache_words
+    ds = fastcollate.Cached(Listed([torch.ones(4), 7]), max_bytes=1 << 16)
+    assert ds.ctrl.numel() == C.cache_ctrl_words(2) == words["header"] + 2 * words["entry_words"]
+    assert int(ds.ctrl[words["entries"]]) == 2 and int(ds.ctrl[words["capacity"]]) == 1 << 16
+    ds[1]
+    entry = ds.ctrl[words["header"] + words["entry_words"]:words["header"] + 2 * words["entry_words"]].tolist()
+    span = C.cache_find(ds.ctrl, 1)
+    assert entry[words["entry_state"]] == C.cache_states["ready"] == C.cache_state(ds.ctrl, 1)
+    assert (entry[words["entry_offset"]], entry[words["entry_length"]]) == (span.offset, span.length)
+    assert span.offset % C.cache_align == 0 and int(ds.ctrl[words["top"]]) == -(-span.length // 64) * 64
+    assert C.cache_find(ds.ctrl, 0).offset == -1
+    assert C.cache_claim(ds.ctrl, 1, os.getpid()).outcome == C.cache_claims["ready"]
+
+
+def test_the_engine_refuses_bad_calls_saying_what_it_got():
+    ds = fastcollate.Cached(Listed([1]), max_bytes=1 << 10)
+    with pytest.raises(RuntimeError, match="index 5 is outside the cache's 1 entries"):
+        C.cache_find(ds.ctrl, 5)
+    with pytest.raises(RuntimeError, match="positive pid, got 0"):
+        C.cache_claim(ds.ctrl, 0, 0)
+    with pytest.raises(RuntimeError, match="not held by pid 12345"):
+        C.cache_reserve(ds.ctrl, 0, 12345, 10)
+    with pytest.raises(RuntimeError, match="contiguous int64 CPU tensor"):
+        C.cache_find(torch.zeros(20, dtype=torch.int32), 0)
+    with pytest.raises(RuntimeError, match="no counter 11"):
+        C.cache_add(ds.ctrl, 11, 1)
+    pid = os.getpid()
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["claimed"]
+    with pytest.raises(RuntimeError, match="was not reserved"):
+        C.cache_publish(ds.ctrl, 0, pid, 0, 10)
+    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: full, claim released
+    assert C.cache_state(ds.ctrl, 0) == 0 and ds.stats()["full"]
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["full"]
+
+
+def test_the_docstrings_examples_run():
+    import doctest
+
+    assert doctest.testmod(cache_mod).failed == 0
+
+
+def test_without_the_compiled_engine_it_passes_through():
+    code = """
+import sys, warnings
+class Block:
+    def find_spec(self, name, path, target=None):
+        if name == "fastcollate._C":
+            raise ImportError("blocked for the test")
+sys.meta_path.insert(0, Block())
+warnings.simplefilter("ignore")
+import torch, fastcollate
+base = [torch.ones(2) * i for i in range(3)]
+ds = fastcollate.Cached(base, transform=lambda x: x + 1)
+assert [ds[i].tolist() for i in (1, 1)] == [[2.0, 2.0], [2.0, 2.0]]
+s = ds.stats()
+assert s["enabled"] is False and s["hits"] == 0, s
+print("OK")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.stdout.strip() == "OK", r.stderr[-2000:]
