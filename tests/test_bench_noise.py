@@ -1,9 +1,10 @@
-"""`fastcollate bench`'s noise rules on made-up rounds (no timing)."""
+"""`fastcollate bench`'s noise rules on made-up rounds (no timing), and the tables' spread column
+and mark on made-up rows. (A real `bench --quick` run's spread and JSON: tests/test_cli.py.)"""
 from __future__ import annotations
 
 import pytest
 
-from fastcollate._bench import noise
+from fastcollate._bench import collate_bench, markdown, noise, storage, sweep, workloads
 
 IDLE = (2, 2)  # (usable, online) cores of a made-up machine
 
@@ -105,8 +106,12 @@ def test_warning_lines_say_which_rows_and_why_and_what_to_do():
     lines = noise.warning_lines(rows, lambda r: r["description"], 2, noise.advice(quick=True))
     assert lines[0].startswith(f"{noise.MARK} noise: 2 of 2 rows")
     assert sum("the machine was busy" in line for line in lines) == 1 and "without --quick" in lines[-1]
+    assert f"  {noise.MARK} every row: the machine was busy" in "\n".join(lines)
     assert noise.warning_lines([{"description": "x"}], str) == []
     assert noise.count([rows, [{"description": "x"}]]) == (2, 3)
+    rows[0]["num_workers"] = 8  # the bench's own 9 processes explain the load of that row's table
+    noise.judge_rows(rows, (8.0, 9.0), machine=IDLE)
+    assert f"  {noise.MARK} 1 of the rows: the machine was busy" in "\n".join(noise.warning_lines(rows, str))
 
 
 def test_cells():
@@ -117,3 +122,54 @@ def test_cells():
     assert noise.load_line(6.25, 7.1, IDLE) == \
         "load average (1 min): 6.25 at the start, 7.10 at the end, on 2 usable cores"
     assert noise.load_line(1.0, None, (2, 8)).endswith("on 2 usable cores of 8 online")
+
+
+# --- the tables, from made-up rows -------------------------------------------------------------------
+
+def collate_row(desc, nbytes, speedups, of_memcpy):
+    return {"workload": desc, "description": desc, "batch_bytes": nbytes, "default_ms": 2.0, "fastcollate_ms": 1.0,
+            "memcpy_ms": 0.5, "speedup": 0.0, "of_memcpy": 0.0,
+            "spread": {"speedup": noise.spread(speedups),
+                       "of memcpy": noise.spread(of_memcpy, "ceiling" if nbytes >= workloads.MEMCPY_MEANINGFUL_BYTES
+                                                 else None)}}
+
+
+def test_collate_table_prints_the_spread_and_marks_untrusted_rows():
+    rows = [collate_row("steady", 40 << 20, [7.5, 7.9], [0.9, 1.0]),
+            collate_row("impossible ceiling", 40 << 20, [7.5, 7.9], [16.0, 18.0]),
+            collate_row("tiny straddling", 1000, [0.9, 1.3], [3.0, 3.0])]
+    noise.judge_rows(rows, (0.0, 0.0), machine=IDLE)
+    lines = collate_bench.format_table(rows).splitlines()
+    assert "speedup (min-max)" in lines[0] and "of memcpy (min-max)" in lines[0] and lines[0].endswith("| noise |")
+    steady, ceiling, tiny = lines[2:]
+    assert "7.70x (7.50-7.90)" in steady and "95% (90-100)" in steady and not steady.rstrip(" |").endswith("!")
+    assert "1700% (1600-1800)" in ceiling and ceiling.rstrip().endswith("!   |")
+    assert "— |" in tiny and tiny.rstrip().endswith("!   |")  # below a megabyte the ceiling is not judged
+    assert rows[2]["noise"]["rules"] == ["straddles_1"]
+    assert len({len(line) for line in lines}) == 1  # columns stay aligned
+
+
+def test_markdown_table_has_the_spread_the_load_and_the_warning(tmp_path):
+    rows = [collate_row("steady", 40 << 20, [7.5, 7.9], [0.9, 1.0]),
+            collate_row("straddling", 1000, [0.9, 1.3], [3.0, 3.0])]
+    noise.judge_rows(rows, (0.5, 0.6), machine=IDLE)
+    text = markdown.collate_markdown(rows, ["bench", "--quick"], backend="cpp", quick=True, rounds=2,
+                                     min_time=0.05, loads=(0.5, 0.6))
+    assert "load average (1 min): 0.50 at the start, 0.60 at the end" in text
+    assert "min-max over rounds" in text and "7.70x (7.50-7.90)" in text
+    assert "! noise: 1 of 2 rows cannot be trusted (2 rounds):" in text and "straddling: speedup" in text
+
+
+def test_storage_and_sweep_tables_print_the_spread():
+    rates = {"ours": [100.0, 110.0], "a": [10.0, 11.0], "b": [100.0, 90.0]}
+    row = storage._row("tokens", 0, rates, {"baseline A": "a", "baseline B": "b"})
+    assert row["speedup"]["baseline A"] == 10.0 and row["rounds_per_s"]["baseline B"] == [100.0, 90.0]
+    noise.judge_rows([row], (0.0, 0.0), machine=IDLE)
+    a, b = storage.format_storage_table([row]).splitlines()[2:]
+    assert "10.0x (10.0-10.0)" in a and not a.rstrip(" |").endswith("!")
+    assert "1.11x (1.00-1.22)" in b and b.rstrip().endswith("!   |")  # 1.0 then 1.22: not separable
+
+    srow = {"batch_size": 16, "leaves_per_sample": 4, "default_ns_per_leaf": 90.0, "fastcollate_ns_per_leaf": 30.0,
+            "default_gb_s": 0.7, "fastcollate_gb_s": 2.1, "spread": {"speedup": noise.spread([2.9, 3.1])}}
+    noise.judge_rows([srow], (0.0, 0.0), machine=IDLE)
+    assert "3.00x (2.90-3.10)" in sweep.format_table([srow])

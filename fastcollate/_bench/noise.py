@@ -166,7 +166,9 @@ def warning_lines(rows: Sequence[Mapping[str, Any]], label: Callable[[Mapping[st
         own = [f"{f['figure']}: {f['why']}" for f in r["noise"]["findings"] if f["figure"] is not None]
         if own:
             lines.append(f"  {MARK} {label(r)}: " + "; ".join(own))
-    lines += [f"  {MARK} every row: {w}" for w in busy]
+    for w in busy:
+        hit = sum(any(f["why"] == w for f in r["noise"]["findings"]) for r in rows)
+        lines.append(f"  {MARK} {'every row' if hit == len(rows) else f'{hit} of the rows'}: {w}")
     lines.append(f"  {advice}")
     return lines
 
