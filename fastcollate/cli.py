@@ -48,7 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from . import _ext
-    from ._bench import collate_bench as bench, train_run as e2e, workloads
+    from ._bench import collate_bench as bench, noise, train_run as e2e, workloads
 
     if args.engines:
         return _engines(args)
@@ -72,59 +72,127 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError("--markdown writes the collate table: not with --sweep or --peers")
         _check_writable(args.markdown)
     rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
-    _progress(f"fastcollate bench: backend={_ext.backend()}, torch {torch.__version__}, "
-              f"{torch.get_num_threads()} intra-op threads, {rounds} rounds")
+    # the tables of whole epochs (loaders, a new loader, storage, training) cost more a round: about
+    # half as many rounds, two at least where --rounds allows (one round has no spread)
+    heavy = 2 if args.quick else max(min(args.rounds, 2), (args.rounds + 1) // 2)
+    run = _BenchRun(args.quick)
+    print(f"fastcollate bench: backend={_ext.backend()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} intra-op threads, {rounds} rounds; {run.start_line()}", flush=True)
     if args.sweep:
-        return _sweep(args, rounds)
+        return _sweep(args, rounds, run)
     if args.peers:
         return _peers(args)
-    rows = bench.run(names, rounds=rounds, min_time=min_time, progress=_progress)
-    print("collate (ratios measured side by side in this run):")
+    rows = run.table(lambda: bench.run(names, rounds=rounds, min_time=min_time, progress=_progress))
+    print("collate (ratios measured side by side in each round):")
     print(bench.format_table(rows))
     print("speedup = default_collate time / fastcollate time; of memcpy = a Tensor.copy_ of the same "
-          "bytes into a reused buffer / fastcollate time (medians)")
+          "bytes into a reused buffer / fastcollate time (medians over rounds, min-max in brackets)")
+    run.warn(rows, rounds)
     if args.markdown:
         from ._bench import markdown
 
         markdown.write_collate(args.markdown, rows, args.argv, backend=_ext.backend(), quick=args.quick,
-                               rounds=rounds, min_time=min_time)
+                               rounds=rounds, min_time=min_time, loads=run.loads[-1])
         _progress(f"wrote {args.markdown}")
-    pad_rows = bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress)
+    pad_rows = run.table(lambda: bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress))
     print("\npadding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:")
     print(bench.format_pad_table(pad_rows))
-    loader_rows = bench.run_loaders(epochs=1 if args.quick else 3, progress=_progress)
-    print("\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s):")
+    run.warn(pad_rows, rounds)
+    loader_rows = run.table(lambda: bench.run_loaders(rounds=heavy, progress=_progress))
+    print(f"\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s, medians of "
+          f"{heavy} interleaved epochs):")
     print(bench.format_loader_table(loader_rows))
+    run.warn(loader_rows, heavy)
     _progress("[loader] a new loader's first two epochs, torch's vs fastcollate's")
-    startup = bench.measure_startup(rounds=1 if args.quick else 3, batches=4 if args.quick else 12)
+    startup = run.table(lambda: [bench.measure_startup(rounds=heavy, batches=4 if args.quick else 12)])[0]
     print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing), then its"
           " second (persistent_workers=False: new workers again):")
     print(bench.format_startup(startup))
+    run.warn([startup], heavy)
     from ._bench import storage as storage_bench
 
-    storage_rows = storage_bench.run_storage(quick=args.quick, progress=_progress)
+    storage_rows = run.table(lambda: storage_bench.run_storage(quick=args.quick, progress=_progress, rounds=heavy))
     print("\nbatches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
           "through a DataLoader (samples/s):")
     print(storage_bench.format_storage_table(storage_rows))
+    run.warn(storage_rows, heavy)
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
-        n = 512 if args.quick else 2048
-        _progress(f"end-to-end: one epoch of a small convnet, {n} synthetic images, default_collate vs fastcollate")
-        train_rows = e2e.compare(n=n, batch_size=64)
-        print("\nend-to-end training (CPU autocast bf16, num_workers=0):")
+        n = 256 if args.quick else 2048
+        _progress(f"end-to-end: one epoch of a small convnet, {n} synthetic images, default_collate vs fastcollate, "
+                  f"{heavy} alternating rounds")
+        # the ratio, and so the verdict, lives on fastcollate's row
+        train_rows = run.table(lambda: e2e.compare(rounds=heavy, n=n, batch_size=64), judged=lambda rows: rows[1:])
+        print(f"\nend-to-end training (CPU autocast bf16, num_workers=0; medians of {heavy} alternating rounds):")
         for r in train_rows:
-            print(f"  {r['collate']:<15} {r['samples_per_s']:9.0f} samples/s  loss {r['loss']:.4f}")
-        print("  stall breakdown (fastcollate): " + train_rows[-1]["summary"].replace("\n", "\n  "))
+            per = f"({min(r['rounds_samples_per_s']):.0f}-{max(r['rounds_samples_per_s']):.0f})"
+            vs = (f"  {noise.ratio_cell(r['spread']['vs default_collate'])} default_collate's "
+                  f"{noise.mark(r)}" if "spread" in r else "")
+            print(f"  {r['collate']:<15} {r['samples_per_s']:9.0f} samples/s {per:<14} loss {r['loss']:.4f}{vs}")
+        print("  stall breakdown (fastcollate, its last round): " + train_rows[-1]["summary"].replace("\n", "\n  "))
+        run.warn(train_rows[1:], heavy)
+    run.finish()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "backend": _ext.backend(), "collate": rows, "pad": pad_rows,
-                       "loaders": loader_rows, "startup": startup, "storage": storage_rows,
-                       "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]}, f, indent=2)
+            json.dump({"torch": torch.__version__, "backend": _ext.backend(), **run.summary(), "collate": rows,
+                       "pad": pad_rows, "loaders": loader_rows, "startup": startup, "storage": storage_rows,
+                       "train": [{k: v for k, v in r.items() if k != "summary"} for r in train_rows]},
+                      f, indent=2)
         _progress(f"wrote {args.json}")
     if args.plot:
         _plot(rows, args.plot)
         _progress(f"wrote {args.plot}")
     return 0
+
+
+class _BenchRun:
+    """The load average over a bench run and each of its tables, the noise verdict of every row,
+    and the closing summary: what `bench` needs to say whether its numbers can be trusted."""
+
+    def __init__(self, quick: bool) -> None:
+        from ._bench import noise
+
+        self.noise, self.quick = noise, quick
+        self.start, self.end = noise.load_now(), None
+        self.loads: list[tuple[float | None, float | None]] = []
+        self.tables: list[list[dict[str, Any]]] = []
+
+    def start_line(self) -> str:
+        return self.noise.load_line(self.start, None)
+
+    def table(self, measure: Any, judged: Any = None) -> list[dict[str, Any]]:
+        """Measure a table (a callable returning rows), noting the load before and after it, and
+        judge its rows (those ``judged(rows)`` picks: the ones that carry a ratio)."""
+        before = self.noise.load_now()
+        rows = measure()
+        self.loads.append((before, self.noise.load_now()))
+        verdict = judged(rows) if judged else rows
+        self.noise.judge_rows(verdict, self.loads[-1])
+        self.tables.append(verdict)
+        return rows
+
+    def warn(self, rows: list[dict[str, Any]], rounds: int) -> None:
+        for line in self.noise.warning_lines(rows, lambda r: r.get("description", "?"), rounds,
+                                             self.noise.advice(self.quick)):
+            print(line)
+
+    def finish(self) -> None:
+        self.end = self.noise.load_now()
+        flagged, total = self.noise.count(self.tables)
+        print("\n" + self.noise.load_line(self.start, self.end))
+        if flagged:
+            print(f"{self.noise.MARK} noise: {flagged} of {total} timed rows cannot be trusted (marked "
+                  f"{self.noise.MARK}, reasons under each table); {self.noise.advice(self.quick)}")
+        else:
+            print(f"noise: none of the {total} timed rows flagged (in each, the rounds agree on the side of 1 and "
+                  "are separable from it; no impossible figure; the machine was not busy)")
+
+    def summary(self) -> dict[str, Any]:
+        usable, online = self.noise.cores()
+        flagged, total = self.noise.count(self.tables)
+        return {"load_average": {"start": self.start, "end": self.end, "usable_cores": usable,
+                                 "online_cores": online},
+                "noise": {"flagged_rows": flagged, "rows": total, "ceiling_limit": self.noise.CEILING_LIMIT}}
 
 
 def _peers(args: argparse.Namespace) -> int:
@@ -172,16 +240,20 @@ def _engines(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(args: argparse.Namespace, rounds: int) -> int:
+def _sweep(args: argparse.Namespace, rounds: int, run: _BenchRun) -> int:
     from ._bench import sweep
 
     kw = dict(batch_sizes=(1, 16, 256), leaves=(1, 16)) if args.quick else {}
-    rows = sweep.run(rounds=min(rounds, 3), min_time=0.02 if args.quick else 0.05, progress=_progress, **kw)
-    print(f"how the cost grows: dict samples of {sweep.LEAF_FLOATS}-float tensors, side by side in this run:")
+    rounds = min(rounds, 3)
+    rows = run.table(lambda: sweep.run(rounds=rounds, min_time=0.02 if args.quick else 0.05, progress=_progress,
+                                       **kw))
+    print(f"how the cost grows: dict samples of {sweep.LEAF_FLOATS}-float tensors, side by side in each round:")
     print(sweep.format_table(rows))
+    run.warn(rows, rounds)
+    run.finish()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sweep": rows}, f, indent=2)
+            json.dump({**run.summary(), "sweep": rows}, f, indent=2)
         _progress(f"wrote {args.json}")
     if args.plot:
         sweep.plot(rows, args.plot)

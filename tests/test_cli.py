@@ -32,7 +32,24 @@ def test_bench_quick(tmp_path):
     assert [row["workload"] for row in data["collate"]] == ["tiny", "nested"] and len(data["train"]) == 2
     # batches far below a megabyte: the memcpy column says nothing, and says so
     tiny_row = next(line for line in r.stdout.splitlines() if line.startswith("| 4 x {uint8"))
-    assert tiny_row.rstrip().endswith("— |"), tiny_row
+    assert [c.strip() for c in tiny_row.split("|")][-3] == "—", tiny_row  # then the noise column
+    # every ratio with its spread over rounds and the noise mark; the load average at the start and end
+    assert r.stdout.startswith("fastcollate bench:") and "load average (1 min):" in r.stdout.splitlines()[0]
+    assert "at the end, on" in r.stdout and ("cannot be trusted" in r.stdout or "separable from 1" in r.stdout)
+    for head in ("speedup (min-max)", "of memcpy (min-max)", "vs torch workers (min-max)", "epoch 1 (min-max)"):
+        assert head in r.stdout, head
+    assert all(line.rstrip().endswith("|") and "x (" in line for line in r.stdout.splitlines()
+               if line.startswith(("| 4 x {uint8", "| 256 x nested", "| TokenWindows")))
+    assert "load average (1 min):" in text and "at the end" in text and "min-max over rounds" in text
+    assert set(data["load_average"]) == {"start", "end", "usable_cores", "online_cores"}
+    assert data["noise"]["rows"] >= 2 + 4 + 2 + 1 + 4 + 1
+    for table in ("collate", "pad", "loaders", "storage"):
+        for row in data[table]:
+            assert set(row["noise"]) >= {"flagged", "rules", "reasons"}, table
+            for s in row["spread"].values():
+                assert len(s["rounds"]) == 2 and s["min"] <= s["median"] <= s["max"], table
+    assert len(data["collate"][0]["rounds_ms"]["memcpy"]) == 2 and "noise" in data["startup"]
+    assert len(data["train"][1]["spread"]["vs default_collate"]["rounds"]) == 2
     assert "a NEW loader, first epoch" in r.stdout and data["startup"]["epoch_speedup"] > 0
     # the storage table: every workload present, each baseline a measured rate
     assert "batches from storage" in r.stdout and "TokenWindows 64 x 1024" in r.stdout
@@ -49,7 +66,9 @@ def test_bench_sweep_table_and_plot(tmp_path):
     rows = json.loads(out.read_text())["sweep"]
     assert [(x["batch_size"], x["leaves_per_sample"]) for x in rows] == [(b, k) for k in (1, 16) for b in (1, 16, 256)]
     assert all(x["fastcollate_ns_per_leaf"] > 0 and x["default_gb_s"] > 0 for x in rows)
-    assert "ns/leaf" in r.stdout and png.stat().st_size > 10_000
+    assert all(len(x["spread"]["speedup"]["rounds"]) == 2 and "flagged" in x["noise"] for x in rows)
+    assert "ns/leaf" in r.stdout and "speedup (min-max)" in r.stdout and "load average (1 min)" in r.stdout
+    assert png.stat().st_size > 10_000
 
 
 def test_tune():

@@ -1,7 +1,9 @@
 """The collate benchmark: fastcollate vs default_collate vs a memcpy ceiling, side by side.
 
 Each round times the three in turn (interleaved, so machine noise hits all of them), holding
-the previous batch alive as a training loop does; the table reports medians over rounds.
+the previous batch alive as a training loop does; the table reports medians over rounds, and each
+ratio's median over rounds with its min-max (``noise``: the rules that flag a row as untrusted).
+Every row keeps its rounds (``rounds_ms``, ``rounds_per_s``, ``spread``) for ``--json``.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils.data import default_collate
 
-from . import workloads
+from . import noise, workloads
 from .._text import table_rule
 from ..core.collator import Collator
 
@@ -44,6 +46,9 @@ def measure(name: str, rounds: int = 5, min_time: float = 0.2, collator: Collato
         t_fast.append(time_per_call(lambda: fast(batch), min_time))
         t_ceiling.append(time_per_call(lambda: dst.copy_(src), min_time))
     d, f, c = (statistics.median(x) for x in (t_default, t_fast, t_ceiling))
+    speedup = noise.spread(noise.ratio_rounds(t_default, t_fast))
+    of_memcpy = noise.spread(noise.ratio_rounds(t_ceiling, t_fast),
+                             "ceiling" if nbytes >= workloads.MEMCPY_MEANINGFUL_BYTES else None)
     return {
         "workload": name,
         "description": label,
@@ -51,10 +56,16 @@ def measure(name: str, rounds: int = 5, min_time: float = 0.2, collator: Collato
         "default_ms": d * 1e3,
         "fastcollate_ms": f * 1e3,
         "memcpy_ms": c * 1e3,
-        "speedup": d / f,
-        "of_memcpy": c / f,
+        "speedup": speedup["median"],
+        "of_memcpy": of_memcpy["median"],
         "rounds": rounds,
+        "rounds_ms": {"default": _ms(t_default), "fastcollate": _ms(t_fast), "memcpy": _ms(t_ceiling)},
+        "spread": {"speedup": speedup, "of memcpy": of_memcpy},
     }
+
+
+def _ms(seconds: list[float]) -> list[float]:
+    return [t * 1e3 for t in seconds]
 
 
 def measure_pad(name: str, rounds: int = 5, min_time: float = 0.2) -> dict[str, Any]:
@@ -67,8 +78,10 @@ def measure_pad(name: str, rounds: int = 5, min_time: float = 0.2) -> dict[str, 
         t_usual.append(time_per_call(lambda: workloads.usual_padding(batch), min_time))
         t_fast.append(time_per_call(lambda: fast(batch), min_time))
     u, f = statistics.median(t_usual), statistics.median(t_fast)
+    speedup = noise.spread(noise.ratio_rounds(t_usual, t_fast))
     return {"workload": name, "description": label, "usual_ms": u * 1e3, "fastcollate_ms": f * 1e3,
-            "speedup": u / f, "rounds": rounds}
+            "speedup": speedup["median"], "rounds": rounds,
+            "rounds_ms": {"usual": _ms(t_usual), "fastcollate": _ms(t_fast)}, "spread": {"speedup": speedup}}
 
 
 def run_pad(names: Iterable[str] | None = None, rounds: int = 5, min_time: float = 0.2,
@@ -78,30 +91,33 @@ def run_pad(names: Iterable[str] | None = None, rounds: int = 5, min_time: float
 
 
 def format_pad_table(rows: list[dict[str, Any]]) -> str:
-    head = f"| {'workload':<40} | {'as_tensor+pad_sequence+mask':>27} | {'fastcollate':>11} | {'speedup':>7} |"
+    head = (f"| {'workload':<40} | {'as_tensor+pad_sequence+mask':>27} | {'fastcollate':>11} | "
+            f"{'speedup (min-max)':>17} | {MARK_HEAD} |")
     lines = [head, table_rule(head)]
     for r in rows:
         lines.append(f"| {r['description']:<40} | {r['usual_ms']:24.3f} ms | {r['fastcollate_ms']:8.3f} ms | "
-                     f"{r['speedup']:6.2f}x |")
+                     f"{noise.ratio_cell(r['spread']['speedup']):>17} | {noise.mark(r):^{len(MARK_HEAD)}} |")
     return "\n".join(lines)
 
 
-def _samples_per_s(loader: Any, epochs: int) -> float:
-    best = 0.0
+def _warm(loader: Any) -> Any:
     it = iter(loader)
     next(it)  # workers started and warm
     del it
-    for _ in range(epochs):
-        t0, n = time.perf_counter(), 0
-        for batch in loader:
-            n += len(batch["label"])
-            del batch
-        best = max(best, n / (time.perf_counter() - t0))
-    return best
+    return loader
 
 
-def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[str, Any]:
-    """torch's DataLoader (workers, and none) vs fastcollate.DataLoader's worker ring."""
+def _epoch_rate(loader: Any) -> float:
+    t0, n = time.perf_counter(), 0
+    for batch in loader:
+        n += len(batch["label"])
+        del batch
+    return n / (time.perf_counter() - t0)
+
+
+def measure_loaders(name: str, rounds: int = 3, num_workers: int = 2) -> dict[str, Any]:
+    """torch's DataLoader (workers, and none) vs fastcollate.DataLoader's worker ring: all three
+    made and warmed first (persistent workers), then one epoch of each per round, interleaved."""
     from torch.utils.data import DataLoader as TorchLoader
 
     from ..loader.dataloader import DataLoader as FastLoader
@@ -109,27 +125,39 @@ def measure_loaders(name: str, epochs: int = 2, num_workers: int = 2) -> dict[st
     label, make = workloads.LOADER_WORKLOADS[name]
     ds, bs = make()
     pw = dict(num_workers=num_workers, persistent_workers=True)
-    rates = {
-        "torch_workers": _samples_per_s(TorchLoader(ds, batch_size=bs, **pw), epochs),
-        "torch_main": _samples_per_s(TorchLoader(ds, batch_size=bs), epochs),
-        "ring_workers": _samples_per_s(FastLoader(ds, batch_size=bs, **pw), epochs),
+    loaders = {
+        "torch_workers": _warm(TorchLoader(ds, batch_size=bs, **pw)),
+        "torch_main": _warm(TorchLoader(ds, batch_size=bs)),
+        "ring_workers": _warm(FastLoader(ds, batch_size=bs, **pw)),
     }
-    return {"workload": name, "description": label, "num_workers": num_workers, **rates,
-            "vs_torch_workers": rates["ring_workers"] / rates["torch_workers"],
-            "vs_torch_main": rates["ring_workers"] / rates["torch_main"]}
+    per_round: dict[str, list[float]] = {k: [] for k in loaders}
+    for _ in range(rounds):
+        for k, loader in loaders.items():
+            per_round[k].append(_epoch_rate(loader))
+    del loaders
+    ring = per_round["ring_workers"]
+    spread = {"vs torch workers": noise.spread(noise.ratio_rounds(ring, per_round["torch_workers"])),
+              "vs torch main": noise.spread(noise.ratio_rounds(ring, per_round["torch_main"]))}
+    return {"workload": name, "description": label, "num_workers": num_workers, "rounds": rounds,
+            **{k: statistics.median(v) for k, v in per_round.items()},
+            "vs_torch_workers": spread["vs torch workers"]["median"],
+            "vs_torch_main": spread["vs torch main"]["median"],
+            "rounds_per_s": per_round, "spread": spread}
 
 
-def run_loaders(epochs: int = 2, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    return _each(workloads.LOADER_WORKLOADS, "loader", progress, lambda n: measure_loaders(n, epochs=epochs))
+def run_loaders(rounds: int = 3, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    return _each(workloads.LOADER_WORKLOADS, "loader", progress, lambda n: measure_loaders(n, rounds=rounds))
 
 
 def format_loader_table(rows: list[dict[str, Any]]) -> str:
     head = (f"| {'workload':<30} | {'torch, 2 workers':>16} | {'torch, main':>11} | {'ring, 2 workers':>15} | "
-            f"{'vs torch workers':>16} | {'vs torch main':>13} |")
+            f"{'vs torch workers (min-max)':>26} | {'vs torch main (min-max)':>23} | {MARK_HEAD} |")
     lines = [head, table_rule(head)]
     for r in rows:
+        s = r["spread"]
         lines.append(f"| {r['description']:<30} | {r['torch_workers']:14.0f}/s | {r['torch_main']:9.0f}/s | "
-                     f"{r['ring_workers']:13.0f}/s | {r['vs_torch_workers']:15.2f}x | {r['vs_torch_main']:12.2f}x |")
+                     f"{r['ring_workers']:13.0f}/s | {noise.ratio_cell(s['vs torch workers']):>26} | "
+                     f"{noise.ratio_cell(s['vs torch main']):>23} | {noise.mark(r):^{len(MARK_HEAD)}} |")
     return "\n".join(lines)
 
 
@@ -169,20 +197,32 @@ def measure_startup(rounds: int = 3, num_workers: int = 2, batches: int = 12, ba
         ours_t.append(_two_epochs(lambda: FastLoader(ds, **kw)))
     tf, te, te2 = (statistics.median(x[i] for x in torch_t) for i in (0, 1, 2))
     of, oe, oe2 = (statistics.median(x[i] for x in ours_t) for i in (0, 1, 2))
+    col = lambda runs, i: [x[i] for x in runs]  # noqa: E731 - one figure over rounds
+    spread = {"epoch 1": noise.spread(noise.ratio_rounds(col(torch_t, 1), col(ours_t, 1))),
+              "epoch 2": noise.spread(noise.ratio_rounds(col(torch_t, 2), col(ours_t, 2))),
+              "1st batch": noise.spread(noise.ratio_rounds(col(ours_t, 0), col(torch_t, 0)))}
     return {"description": f"new loader: {batches} x {batch_size} x uint8 3x256x256, {num_workers} workers",
+            "num_workers": num_workers,
             "torch_first_s": tf, "torch_epoch_s": te, "ours_first_s": of, "ours_epoch_s": oe,
             "torch_epoch2_s": te2, "ours_epoch2_s": oe2,
-            "epoch_speedup": te / oe, "epoch2_speedup": te2 / oe2, "first_batch_ratio": of / tf, "rounds": rounds}
+            "epoch_speedup": spread["epoch 1"]["median"], "epoch2_speedup": spread["epoch 2"]["median"],
+            "first_batch_ratio": spread["1st batch"]["median"], "rounds": rounds,
+            "rounds_s": {"torch": [list(x) for x in torch_t], "ours": [list(x) for x in ours_t],
+                         "order": ["first batch", "epoch 1", "epoch 2"]},
+            "spread": spread}
 
 
 def format_startup(r: dict[str, Any]) -> str:
+    s = r["spread"]
     head = (f"| {'workload':<52} | {'torch first batch / epoch 1 / epoch 2':>37} | "
-            f"{'ring first batch / epoch 1 / epoch 2':>36} | {'epoch 1':>7} | {'epoch 2':>7} | {'1st batch':>9} |")
+            f"{'ring first batch / epoch 1 / epoch 2':>36} | {'epoch 1 (min-max)':>18} | {'epoch 2 (min-max)':>18} | "
+            f"{'1st batch (min-max)':>19} | {MARK_HEAD} |")
     sep = table_rule(head)
     row = (f"| {r['description']:<52} | {r['torch_first_s'] * 1e3:9.0f} / {r['torch_epoch_s'] * 1e3:9.0f} / "
            f"{r['torch_epoch2_s'] * 1e3:9.0f} ms | {r['ours_first_s'] * 1e3:8.0f} / {r['ours_epoch_s'] * 1e3:9.0f} / "
-           f"{r['ours_epoch2_s'] * 1e3:9.0f} ms | {r['epoch_speedup']:6.2f}x | {r['epoch2_speedup']:6.2f}x | "
-           f"{r['first_batch_ratio']:8.2f}x |")
+           f"{r['ours_epoch2_s'] * 1e3:9.0f} ms | {noise.ratio_cell(s['epoch 1']):>18} | "
+           f"{noise.ratio_cell(s['epoch 2']):>18} | {noise.ratio_cell(s['1st batch']):>19} | "
+           f"{noise.mark(r):^{len(MARK_HEAD)}} |")
     return "\n".join([head, sep, row])
 
 
@@ -203,13 +243,19 @@ def _each(names: Iterable[str], tag: str, progress: Callable[[str], None] | None
     return rows
 
 
+MARK_HEAD = "noise"  # the last column: noise.MARK where the row cannot be trusted (the reasons follow the table)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = f"| {'workload':<46} | {'MB':>6} | {'default_collate':>15} | {'fastcollate':>11} | {'speedup':>7} | {'of memcpy':>9} |"
+    head = (f"| {'workload':<46} | {'MB':>6} | {'default_collate':>15} | {'fastcollate':>11} | "
+            f"{'speedup (min-max)':>17} | {'of memcpy (min-max)':>19} | {MARK_HEAD} |")
     lines = [head, table_rule(head)]
     for r in rows:
-        of = f"{100 * r['of_memcpy']:8.0f}%" if r["batch_bytes"] >= workloads.MEMCPY_MEANINGFUL_BYTES else f"{'—':>9}"
+        of = (noise.percent_cell(r["spread"]["of memcpy"]) if r["batch_bytes"] >= workloads.MEMCPY_MEANINGFUL_BYTES
+              else "—")
         lines.append(
             f"| {r['description']:<46} | {r['batch_bytes'] / 1e6:6.2f} | {r['default_ms']:12.3f} ms | "
-            f"{r['fastcollate_ms']:8.3f} ms | {r['speedup']:6.2f}x | {of} |"
+            f"{r['fastcollate_ms']:8.3f} ms | {noise.ratio_cell(r['spread']['speedup']):>17} | {of:>19} | "
+            f"{noise.mark(r):^{len(MARK_HEAD)}} |"
         )
     return "\n".join(lines)

@@ -4,18 +4,62 @@ torchvision's ``PILToTensor()`` returns them -- a uint8 CHW view of HWC memory (
 needed). The most common vision pipeline, and one where decoding is most of a sample's cost.
 
 ``python -m fastcollate doctor --dataset fastcollate._bench.images:dataset`` diagnoses it.
+
+The JPEGs live in a temporary folder owned by a ``Folder`` object: every dataset made from it holds
+it, so the files last as long as a dataset that reads them, and are removed when the last one is
+garbage-collected, at interpreter exit, or by ``Folder.cleanup()`` -- on an error or Ctrl-C too, and
+only by the process that wrote them (a forked worker that drops its copy removes nothing).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-_FOLDERS: dict[tuple[int, int, int], str] = {}
+
+def _remove(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # a forked child's copy never removes its parent's files
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Folder:
+    """A temporary folder of JPEGs, removed when this object is collected, at interpreter exit,
+    or on ``cleanup()`` (also as a context manager)."""
+
+    def __init__(self, n: int = 256, size: int = 320, seed: int = 0) -> None:
+        self.path = tempfile.mkdtemp(prefix="fastcollate-images-")
+        self._finalizer = weakref.finalize(self, _remove, self.path, os.getpid())
+        try:
+            self.items = write_folder(self.path, n, size, seed=seed)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+    @property
+    def removed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "Folder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cleanup()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Folder owns its files in one process; pickle the ImageFolder, which leaves it behind")
+
+
+# one folder per (n, size) while a dataset holds it: datasets made again share the files
+_FOLDERS: "weakref.WeakValueDictionary[tuple[int, int], Folder]" = weakref.WeakValueDictionary()
 
 
 def write_folder(root: str, n: int = 256, size: int = 320, classes: int = 10, seed: int = 0) -> list[tuple[str, int]]:
@@ -40,8 +84,14 @@ def write_folder(root: str, n: int = 256, size: int = 320, classes: int = 10, se
 class ImageFolder(Dataset):
     """(image, label): decode, random resized crop to ``crop``, random flip, CHW uint8 view."""
 
-    def __init__(self, items: list[tuple[str, int]], crop: int = 224, seed: int = 0) -> None:
+    def __init__(self, items: list[tuple[str, int]], crop: int = 224, seed: int = 0,
+                 folder: Folder | None = None) -> None:
         self.items, self.crop, self.seed = items, crop, seed
+        self.folder = folder  # keeps the files alive as long as this dataset
+
+    def __getstate__(self) -> dict[str, Any]:
+        # to a worker (spawn, forkserver): the paths, not the ownership of the files
+        return {**self.__dict__, "folder": None}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -67,16 +117,12 @@ class ImageFolder(Dataset):
 
 
 def dataset(n: int = 256, size: int = 320, crop: int = 224) -> ImageFolder:
-    """The workload's dataset; its JPEGs are written once per process into a temporary folder."""
-    key = (n, size, crop)
-    if key not in _FOLDERS:
-        _FOLDERS[key] = tempfile.mkdtemp(prefix="fastcollate-images-")
-    root = _FOLDERS[key]
-    items = sorted((os.path.join(dp, f), int(os.path.basename(dp)[5:]))
-                   for dp, _, fs in os.walk(root) for f in fs if f.endswith(".jpg"))
-    if len(items) != n:
-        items = write_folder(root, n, size)
-    return ImageFolder(items, crop)
+    """The workload's dataset; its JPEGs are written into a temporary folder that lives as long as
+    a dataset holding it (one folder per (n, size), shared while any dataset holds it)."""
+    folder = _FOLDERS.get((n, size))
+    if folder is None:
+        folder = _FOLDERS[(n, size)] = Folder(n, size)
+    return ImageFolder(folder.items, crop, folder=folder)
 
 
 def collate_equal(a: Any, b: Any) -> bool:

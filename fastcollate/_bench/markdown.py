@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import collate_bench
+from . import collate_bench, noise
 
 
 def _cpu_model() -> str:
@@ -67,7 +67,12 @@ def command(argv: Sequence[str]) -> str:
     return "fastcollate " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _load_line(m: dict[str, Any]) -> str:
+def _load_line(m: dict[str, Any], loads: Sequence[float | None] | None) -> str:
+    """The load while the table was measured (start and end), or when it was written."""
+    if loads is not None:
+        start, end = loads
+        line = noise.load_line(start, end, (m["usable_cores"], m["online_cores"] or m["usable_cores"]))
+        return f"- {line}, while the table was measured (a busy machine flags every row: see below the table)\n"
     if m["load_average"] is None:
         return ""
     busy = " (above the core count: other processes shared the machine)" if m["load_average"] > m["usable_cores"] else ""
@@ -75,7 +80,7 @@ def _load_line(m: dict[str, Any]) -> str:
 
 
 def collate_markdown(rows: list[dict[str, Any]], argv: Sequence[str], *, backend: str, quick: bool,
-                     rounds: int, min_time: float) -> str:
+                     rounds: int, min_time: float, loads: Sequence[float | None] | None = None) -> str:
     m = machine()
     mem = f", {m['memory_gib']} GiB memory" if m["memory_gib"] is not None else ""
     lines = [
@@ -87,20 +92,25 @@ def collate_markdown(rows: list[dict[str, Any]], argv: Sequence[str], *, backend
         f"- software: Python {m['python']}, torch {m['torch']}"
         + (f" (CUDA {m['torch_cuda']})" if m["torch_cuda"] else " (CPU build)")
         + f", fastcollate engine: {backend}" + (f"; GPU: {m['gpu']}" if m["gpu"] else ""),
-        _load_line(m) + f"- timing: medians of {rounds} interleaved rounds, each at least {min_time:g} s of calls, the previous "
+        _load_line(m, loads) + f"- timing: medians of {rounds} interleaved rounds, each at least {min_time:g} s of calls, the previous "
         "batch held alive as a training loop holds it",
     ]
     if quick:
         lines.append("- **a quick run** (`--quick`: 2 short rounds): a smoke run's figures, noisier than a full run's")
     lines += [
         "",
-        "*speedup* = default_collate's time / fastcollate's, measured side by side in this run; *of memcpy* = a "
+        "*speedup* = default_collate's time / fastcollate's, measured side by side in each round; *of memcpy* = a "
         "`Tensor.copy_` of the same bytes into a reused buffer / fastcollate's time (the ceiling for large batches; "
-        "— below 1 MB, where the cost is per leaf, not per byte).",
+        "— below 1 MB, where the cost is per leaf, not per byte). Each is the median over rounds, with its min-max "
+        f"over rounds in brackets; *noise* marks ({noise.MARK}) a row whose figures cannot be trusted, the reasons "
+        "below the table.",
         "",
         collate_bench.format_table(rows),
         "",
     ]
+    warn = noise.warning_lines(rows, lambda r: r["description"], rounds, noise.advice(quick))
+    if warn:
+        lines += ["```text", *warn, "```", ""]
     return "\n".join(lines)
 
 

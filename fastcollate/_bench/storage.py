@@ -1,7 +1,8 @@
 """`fastcollate bench`'s "batches from storage" table: ArrayDataset / TokenWindows / from_hf
 through a DataLoader vs what people write today, side by side in one run (interleaved rounds,
 medians of samples per second). Every pair is first checked to produce equal batches, so the
-table compares the same work."""
+table compares the same work. Each speedup is the median of the per-round ratios, printed with its
+min-max (``noise`` flags a row whose rounds cannot be trusted)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
+from . import noise
 from ..data.arrays import ArrayDataset, TokenWindows
 from .._text import table_rule
 from ..core.collator import Collator
@@ -82,12 +84,26 @@ def _loader_kw(workers: int) -> dict[str, Any]:
     return dict(num_workers=workers, persistent_workers=True) if workers else {}
 
 
-def _compare(rounds: int, variants: dict[str, Any]) -> dict[str, float]:
+def _compare(rounds: int, variants: dict[str, Any]) -> dict[str, list[float]]:
+    """Samples/s of each variant in each round (one epoch each, interleaved)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for name, loader in variants.items():
             rates[name].append(_rate(loader, _rows))
-    return {k: statistics.median(v) for k, v in rates.items()}
+    return rates
+
+
+def _row(description: str, workers: int, rates: dict[str, list[float]], baselines: dict[str, str]) -> dict[str, Any]:
+    """A storage row: fastcollate's ("ours") rate against each baseline (label -> its key in
+    rates), medians, every round, and each ratio's spread."""
+    ours = rates["ours"]
+    spread = {label: noise.spread(noise.ratio_rounds(ours, rates[key])) for label, key in baselines.items()}
+    return {"description": description, "num_workers": workers, "rounds": len(ours),
+            "ours": statistics.median(ours),
+            "baselines": {label: statistics.median(rates[key]) for label, key in baselines.items()},
+            "speedup": {label: s["median"] for label, s in spread.items()},
+            "rounds_per_s": {"ours": ours, **{label: rates[key] for label, key in baselines.items()}},
+            "spread": spread}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -113,9 +129,8 @@ def measure_tokens(tokens: np.ndarray, workers: int, rounds: int, seq_len: int =
         "get_batch": _warm(TorchLoader(GetBatch(tokens, seq_len, batch_size, batches), batch_size=None, **kw)),
     }
     r = _compare(rounds, variants)
-    return {"description": f"TokenWindows {batch_size} x {seq_len}, uint16 memmap, {workers} workers",
-            "ours": r["ours"], "baselines": {"map-style + default_collate": r["map"],
-                                             "hand-written get_batch": r["get_batch"]}}
+    return _row(f"TokenWindows {batch_size} x {seq_len}, uint16 memmap, {workers} workers", workers, r,
+                {"map-style + default_collate": "map", "hand-written get_batch": "get_batch"})
 
 
 def measure_features(workers: int, rounds: int, rows: int = 100_000, batch_size: int = 2048) -> dict:
@@ -129,8 +144,8 @@ def measure_features(workers: int, rounds: int, rows: int = 100_000, batch_size:
         "ours": _warm(DataLoader(ours_ds, batch_size=batch_size, shuffle=True, **kw)),
         "tensor": _warm(TorchLoader(theirs_ds, batch_size=batch_size, shuffle=True, **kw)),
     })
-    return {"description": f"ArrayDataset {batch_size} rows x 16 float32 + int64, {workers} workers",
-            "ours": r["ours"], "baselines": {"TensorDataset + default_collate": r["tensor"]}}
+    return _row(f"ArrayDataset {batch_size} rows x 16 float32 + int64, {workers} workers", workers, r,
+                {"TensorDataset + default_collate": "tensor"})
 
 
 def token_lists(rows: int, seed: int = 0) -> dict[str, Any]:
@@ -166,8 +181,8 @@ def measure_hf(workers: int, rounds: int, rows: int = 8192, batch_size: int = 32
         "ours": _warm(DataLoader(ours_ds, batch_size=batch_size, shuffle=True, collate_fn=ours_fn, **kw)),
         "theirs": _warm(TorchLoader(hf, batch_size=batch_size, shuffle=True, collate_fn=theirs_fn, **kw)),
     })
-    return {"description": f"from_hf + padding, {batch_size} rows of 16-255 tokens, {workers} workers",
-            "ours": r["ours"], "baselines": {label: r["theirs"]}}
+    return _row(f"from_hf + padding, {batch_size} rows of 16-255 tokens, {workers} workers", workers, r,
+                {label: "theirs"})
 
 
 def usual_padding(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -193,8 +208,9 @@ def word_tokenizer() -> Any:
                                                 model_input_names=["input_ids", "attention_mask"])
 
 
-def run_storage(quick: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    rounds = 1 if quick else 3
+def run_storage(quick: bool = False, progress: Callable[[str], None] | None = None,
+                rounds: int | None = None) -> list[dict[str, Any]]:
+    rounds = rounds or (2 if quick else 3)  # two at least: one round has no spread
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "train.bin")
@@ -216,11 +232,18 @@ def run_storage(quick: bool = False, progress: Callable[[str], None] | None = No
     return out
 
 
+MARK_HEAD = "noise"
+
+
 def format_storage_table(rows: Iterable[dict[str, Any]]) -> str:
-    head = f"| {'workload':<58} | {'fastcollate':>11} | {'baseline':<40} | {'baseline':>9} | {'speedup':>7} |"
+    """One line per (workload, baseline); the noise mark on each line of a flagged row."""
+    head = (f"| {'workload':<58} | {'fastcollate':>11} | {'baseline':<40} | {'baseline':>9} | "
+            f"{'speedup (min-max)':>17} | {MARK_HEAD} |")
     lines = [head, table_rule(head)]
     for r in rows:
         for name, rate in r["baselines"].items():
+            s = r["spread"][name]
+            flagged = noise.MARK if noise.flagged_figure(r, name) else ""
             lines.append(f"| {r['description']:<58} | {r['ours']:9.0f}/s | {name:<40} | {rate:7.0f}/s | "
-                         f"{r['ours'] / rate:6.1f}x |")
+                         f"{noise.ratio_cell(s):>17} | {flagged:^{len(MARK_HEAD)}} |")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """`fastcollate bench --sweep`: how the cost grows -- batch size 1 to 4,096 and tensor leaves per
 sample 1 to 64 (dict samples of 16-float tensors), fastcollate vs default_collate side by side,
-ns per leaf and GB/s. The picture of where fastcollate stops mattering."""
+ns per leaf and GB/s. The picture of where fastcollate stops mattering. Each speedup is the median
+of the per-round ratios with its min-max; ``noise`` flags the rows that cannot be trusted."""
 from __future__ import annotations
 
 import statistics
@@ -9,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import default_collate
 
+from . import noise
 from .._text import table_rule
 from .collate_bench import time_per_call
 from ..core.collator import Collator
@@ -38,20 +40,26 @@ def run(rounds: int = 3, min_time: float = 0.05, progress: Callable[[str], None]
             t_f.append(time_per_call(lambda: fast(batch), min_time))
         d, f = statistics.median(t_d), statistics.median(t_f)
         n, nbytes = b * k, b * k * LEAF_FLOATS * 4
+        speedup = noise.spread(noise.ratio_rounds(t_d, t_f))
         rows.append({"batch_size": b, "leaves_per_sample": k, "leaves": n, "bytes": nbytes,
+                     "description": f"batch {b} x {k} leaves",
                      "default_ns_per_leaf": d * 1e9 / n, "fastcollate_ns_per_leaf": f * 1e9 / n,
-                     "default_gb_s": nbytes / d / 1e9, "fastcollate_gb_s": nbytes / f / 1e9, "speedup": d / f})
+                     "default_gb_s": nbytes / d / 1e9, "fastcollate_gb_s": nbytes / f / 1e9,
+                     "speedup": speedup["median"], "rounds": rounds,
+                     "rounds_ns_per_leaf": {"default": [t * 1e9 / n for t in t_d],
+                                            "fastcollate": [t * 1e9 / n for t in t_f]},
+                     "spread": {"speedup": speedup}})
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"| {'batch':>5} | {'leaves/sample':>13} | {'default ns/leaf':>15} | {'fastcollate ns/leaf':>19} | "
-            f"{'default GB/s':>12} | {'fastcollate GB/s':>16} | {'speedup':>7} |")
+            f"{'default GB/s':>12} | {'fastcollate GB/s':>16} | {'speedup (min-max)':>17} | noise |")
     lines = [head, table_rule(head)]
     for r in rows:
         lines.append(f"| {r['batch_size']:>5} | {r['leaves_per_sample']:>13} | {r['default_ns_per_leaf']:15.0f} | "
                      f"{r['fastcollate_ns_per_leaf']:19.0f} | {r['default_gb_s']:12.2f} | {r['fastcollate_gb_s']:16.2f} | "
-                     f"{r['speedup']:6.2f}x |")
+                     f"{noise.ratio_cell(r['spread']['speedup']):>17} | {noise.mark(r):^5} |")
     return "\n".join(lines)
 
 

@@ -2,12 +2,14 @@
 and `fastcollate doctor`."""
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from . import noise
 from ..core.collator import collate
 from ..training.monitor import StallMonitor
 from ..training.loop import train_one_epoch
@@ -63,5 +65,21 @@ def run(collate_fn: Callable = collate, *, n: int = 1024, batch_size: int = 64, 
             "report": mon.report(), "summary": mon.summary()}
 
 
-def compare(**kw: Any) -> list[dict[str, Any]]:
-    return [run(default_collate, **kw), run(collate, **kw)]
+def compare(rounds: int = 1, **kw: Any) -> list[dict[str, Any]]:
+    """default_collate's run and fastcollate's, alternating for ``rounds`` rounds: each row has the
+    median samples/s and every round's; fastcollate's row also the ratio to default_collate's (the
+    median of the per-round ratios, with its spread) and the last run's report and summary."""
+    runs: dict[str, list[dict[str, Any]]] = {"default": [], "fast": []}
+    for _ in range(rounds):
+        runs["default"].append(run(default_collate, **kw))
+        runs["fast"].append(run(collate, **kw))
+    rows = []
+    for key in ("default", "fast"):
+        last = dict(runs[key][-1])
+        per_round = [r["samples_per_s"] for r in runs[key]]
+        last.update(samples_per_s=statistics.median(per_round), rounds_samples_per_s=per_round, rounds=rounds)
+        rows.append(last)
+    vs = noise.spread(noise.ratio_rounds(rows[1]["rounds_samples_per_s"], rows[0]["rounds_samples_per_s"]))
+    rows[1].update(vs_default_collate=vs["median"], spread={"vs default_collate": vs},
+                   description="end-to-end: fastcollate vs default_collate")
+    return rows
