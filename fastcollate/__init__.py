@@ -21,6 +21,7 @@ from .loader.release import release_after
 from .data.sampler import LengthGroupedSampler, padding_fraction
 from .training.loop import EpochStats, train_one_epoch
 from .training.tune import TuneResult, tune_loader
+from .training.doctor import Diagnosis, doctor
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,7 @@ __all__ = [
     "Collator",
     "CudaPrefetcher",
     "DataLoader",
+    "Diagnosis",
     "EpochStats",
     "Gathered",
     "LengthGroupedSampler",
@@ -62,6 +64,7 @@ __all__ = [
     "backend",
     "collate",
     "cuda_kernels_built",
+    "doctor",
     "padding_fraction",
     "release_after",
     "reset_stats",

@@ -283,32 +283,93 @@ def _check_writable(path: str) -> None:
         raise CliError(f"cannot write {path}: {folder} does not exist")
 
 
+def _workers_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        workers = [int(w) for w in text.split(",") if w.strip() != ""]
+    except ValueError:
+        raise CliError(f"--workers must be comma-separated whole numbers (e.g. 0,1,2), got {text!r}") from None
+    if not workers or any(w < 0 for w in workers):
+        raise CliError(f"--workers must list worker counts >= 0 (e.g. 0,1,2), got {text!r}")
+    return workers
+
+
+def _need_module(name: str, why: str, extra: str) -> None:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        raise CliError(f"{why} needs {extra.split()[0]}: pip install {extra}") from None
+
+
+def _dataset_needs(spec: str) -> None:
+    """Optional packages a dataset of ours needs, checked before anything runs."""
+    if spec.split(":", 1)[0] == "fastcollate._bench.images":
+        _need_module("PIL", "the image-folder workload", "pillow")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .training.tune import tune_loader
 
     if args.batch_size < 1:
-        raise CliError("--batch-size must be >= 1")
+        raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.budget <= 0:
-        raise CliError("--budget must be > 0 seconds")
+        raise CliError(f"--budget must be > 0 seconds, got {args.budget}")
+    workers = _workers_list(args.workers)
+    _dataset_needs(args.dataset)
     ds = _load_dataset(args.dataset)
-    workers = [int(w) for w in args.workers.split(",")] if args.workers else None
-    res = tune_loader(ds, args.batch_size, budget_s=args.budget, num_workers=workers, progress=True)
+    res = tune_loader(ds, args.batch_size, budget_s=args.budget, num_workers=workers, epochs=args.epochs,
+                      progress=True)
     print(res.format())
-    best = {k: v for k, v in res.best.items() if k != "collate_fn"}
-    print(f"best: {best}")
+    print(res.verdict())
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"best": best, "table": res.table}, f, indent=2)
+            json.dump(res.to_dict(), f, indent=2, default=str)
     return 0
+
+
+def _loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if args.loader_kwargs:
+        try:
+            kwargs = json.loads(args.loader_kwargs)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--loader-kwargs must be a JSON object, e.g. '{{\"num_workers\": 2}}': {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise CliError(f"--loader-kwargs must be a JSON object, got {args.loader_kwargs!r}")
+    if args.workers is not None:
+        kwargs["num_workers"] = args.workers
+    w = kwargs.get("num_workers", 0)
+    if not isinstance(w, int) or w < 0:
+        raise CliError(f"num_workers must be a whole number >= 0, got {w!r}")
+    for key in ("batch_size", "collate_fn", "dataset"):
+        if key in kwargs:
+            raise CliError(f"--loader-kwargs: pass {key} {'with --batch-size' if key == 'batch_size' else 'another way'}, "
+                           "not in the JSON")
+    return kwargs
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
     from . import _ext
-    from ._bench import doctor, train_run as e2e
+    from ._bench import doctor as env, train_run as e2e
 
-    workers = args.workers if args.workers is not None else min(2, len(os.sched_getaffinity(0)))
+    if args.batch_size < 1:
+        raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.epochs < 1:
+        raise CliError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.workers is not None and args.workers < 0:
+        raise CliError(f"--workers must be >= 0, got {args.workers}")
+    kwargs = _loader_kwargs(args) if args.dataset else {}
+    for path in (args.trace, args.plot, args.json):
+        if path:
+            _check_writable(path)
+    if args.plot:
+        _need_module("matplotlib", "--plot", "matplotlib")
+    if args.dataset:
+        _dataset_needs(args.dataset)
+    workers = kwargs.get("num_workers", min(2, len(os.sched_getaffinity(0))))
     print("fastcollate doctor")
     checks: list[tuple[str, str]] = [
         ("python", platform.python_version()),
@@ -320,20 +381,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("engine built for", _ext.built_for()),
         ("pinned memory", _pinned_available()),
         ("cores", str(len(os.sched_getaffinity(0)))),
-        ("/dev/shm", doctor.shm_line(workers)),
+        ("/dev/shm", env.shm_line(workers)),
         ("FASTCOLLATE_DISABLE", os.environ.get("FASTCOLLATE_DISABLE", "unset")),
     ]
     width = max(len(k) for k, _ in checks)
     for k, v in checks:
         print(f"  {k:<{width}}  {v}")
-    for path in (args.trace, args.plot):
-        if path:
-            _check_writable(path)
     if args.dataset:
+        from .training.doctor import doctor
+        from .training.doctor_text import format_diagnosis
+
         ds = _load_dataset(args.dataset)
-        print(doctor.compare(ds, args.batch_size, workers, args.batches, args.trace, args.plot, progress=_progress))
+        d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader, verify=args.fix,
+                   budget_s=args.budget, trace=args.trace, plot=args.plot, progress=lambda m: _progress(f"doctor: {m}"),
+                   **kwargs)
+        print(format_diagnosis(d, args.dataset))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(d.to_dict(), f, indent=2)
         return 0
-    _progress("diagnosis: a short training run with the stall monitor ...")
+    _progress("diagnosis: a short training run with the stall monitor (pass --dataset module:attr to diagnose yours)")
     r = e2e.run(n=256, batch_size=64, trace=True)
     print("  " + r["summary"].replace("\n", "\n  "))
     return 0
@@ -381,15 +448,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--budget", type=float, default=60.0, help="seconds for the whole sweep")
     t.add_argument("--workers", help="comma-separated worker counts to try (default: 0,1,2,4,... up to cores)")
+    t.add_argument("--epochs", type=int, default=1, help="whole epochs per measured run (a new loader each)")
     t.add_argument("--json", metavar="PATH")
     t.set_defaults(fn=cmd_tune)
-    d = sub.add_parser("doctor", help="environment report and a diagnosis of a short run")
-    d.add_argument("--dataset", help="module:attr of a Dataset to diagnose (default: embedded synthetic images)")
+    d = sub.add_parser("doctor", help="environment report; with --dataset: diagnose, propose and (--fix) prove the fix")
+    d.add_argument("--dataset", help="module:attr of your map-style Dataset (or a factory)")
     d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--batches", type=int, default=16, help="batches per loader (a new loader each: first batch counts)")
-    d.add_argument("--workers", type=int, help="num_workers of both loaders (default: min(2, cores))")
-    d.add_argument("--trace", metavar="PATH.json", help="write fastcollate's run as a Chrome trace (Perfetto)")
-    d.add_argument("--plot", metavar="PATH.png", help="draw fastcollate's run: timeline and stages (needs matplotlib)")
+    d.add_argument("--loader-kwargs", metavar="JSON",
+                   help="the DataLoader arguments you use now, e.g. '{\"num_workers\": 2, \"shuffle\": true}'")
+    d.add_argument("--loader", choices=("torch", "fastcollate"), default="torch",
+                   help="the loader you use now: torch's DataLoader or fastcollate.DataLoader")
+    d.add_argument("--workers", type=int, help="shorthand for num_workers in --loader-kwargs")
+    d.add_argument("--epochs", type=int, default=2, help="whole epochs per run (more shows the start-up and the cache)")
+    d.add_argument("--fix", action="store_true",
+                   help="apply the proposal and prove it: measure it against your settings, alternating rounds")
+    d.add_argument("--budget", type=float, help="seconds for the measuring rounds (default: as many as needed, <= 4)")
+    d.add_argument("--json", metavar="PATH", help="also write the diagnosis as JSON")
+    d.add_argument("--trace", metavar="PATH.json", help="write the traced run of your settings as a Chrome trace")
+    d.add_argument("--plot", metavar="PATH.png", help="draw the traced run: timeline and stages (needs matplotlib)")
     d.set_defaults(fn=cmd_doctor)
     return p
 

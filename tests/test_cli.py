@@ -74,7 +74,7 @@ def test_bench_sweep_table_and_plot(tmp_path):
 def test_tune():
     r = run("tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--budget", "3", "--workers", "0")
     assert r.returncode == 0, r.stderr
-    assert "best:" in r.stdout and "batches/s" in r.stdout
+    assert "best:" in r.stdout and "samples/s" in r.stdout and "spread" in r.stdout
 
 
 def test_doctor():
@@ -83,22 +83,34 @@ def test_doctor():
     assert "compiled backend" in r.stdout and "cpp" in r.stdout and "-bound" in r.stdout
 
 
-def test_doctor_with_a_dataset(tmp_path):
-    trace, png = tmp_path / "t.json", tmp_path / "t.png"
-    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--batches", "4",
-            "--trace", str(trace), "--plot", str(png))
+def test_doctor_with_a_dataset_proposes_and_fixes(tmp_path):
+    trace, png, out = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "d.json"
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--loader-kwargs", '{"num_workers": 2}',
+            "--epochs", "1", "--fix", "--json", str(out), "--trace", str(trace), "--plot", str(png))
     assert r.returncode == 0, r.stderr
-    assert "torch DataLoader   fastcollate.DataLoader" in r.stdout and "bottleneck" in r.stdout
-    assert "what fastcollate changed:" in r.stdout and "/dev/shm" in r.stdout
+    assert "your settings" in r.stdout and "proposal" in r.stdout and "bottleneck:" in r.stdout
+    assert "measured" in r.stdout and "/dev/shm" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["baseline"]["settings"]["num_workers"] == 2 and d["proposal"]["predicted_samples_per_s"] > 0
+    if d["proposal"]["changes"]:
+        assert "the proposal, as code:" in r.stdout and "loader = " in r.stdout
+        assert d["proposal"]["measured_samples_per_s"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "fetch" for e in events) and png.stat().st_size > 10_000
 
 
+def test_doctor_predicts_only_without_fix():
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--workers", "0", "--epochs", "1")
+    assert r.returncode == 0, r.stderr
+    assert "bottleneck:" in r.stdout and "predicted" in r.stdout
+
+
 def test_doctor_names_the_dataset_stage_of_an_image_folder():
     pytest.importorskip("PIL")
-    r = run("doctor", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "16", "--batches", "6")
+    r = run("doctor", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "16", "--workers", "2",
+            "--epochs", "1")
     assert r.returncode == 0, r.stderr
-    assert "dataset-bound" in r.stdout and "__getitem__" in r.stdout
+    assert "bottleneck: dataset" in r.stdout and "per batch, in 2 workers: the dataset" in r.stdout
 
 
 def test_doctor_refuses_an_unwritable_trace_path(tmp_path):
@@ -136,6 +148,14 @@ def test_bench_markdown_refuses_a_missing_folder(tmp_path):
     (["tune", "--dataset", "cli_dataset", "--batch-size", "4"], "module:attr"),
     (["tune", "--dataset", "cli_dataset:MISSING", "--batch-size", "4"], "no attribute"),
     (["tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "0"], "--batch-size"),
+    (["tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "4", "--workers", "-1"], "--workers"),
+    (["tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "4", "--workers", "1,x"], "--workers"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "0"], "--batch-size"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--workers", "-1"], "--workers"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--epochs", "0"], "--epochs"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", "[1]"], "JSON object"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", "{nope"], "JSON object"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", '{"num_workers": -2}'], "num_workers"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_one_line_nonzero(args, needle):
@@ -155,3 +175,22 @@ def test_bench_plot(tmp_path):
         assert r.returncode == 2 and "needs matplotlib" in r.stderr and "Traceback" not in r.stderr
         return
     assert r.returncode == 0 and target.stat().st_size > 0, r.stderr
+
+
+def test_a_missing_optional_package_is_one_line_before_any_run(tmp_path):
+    # Pillow for the image workload, matplotlib for --plot: checked before anything runs, so that
+    # no result is lost to an error at the end
+    code = (
+        "import sys\n"
+        "sys.modules['PIL'] = sys.modules['matplotlib'] = None  # as if not installed\n"
+        "from fastcollate.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    cases = [(["doctor", "--dataset", "fastcollate._bench.images:dataset"], "pillow"),
+             (["tune", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "4"], "pillow"),
+             (["doctor", "--dataset", "cli_dataset:DATASET", "--plot", str(tmp_path / "p.png")], "matplotlib")]
+    for args, needle in cases:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=TESTS,
+                           env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + TESTS})
+        lines = [l for l in r.stderr.strip().splitlines() if l.startswith("fastcollate: error")]
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+        assert "Traceback" not in r.stderr and "doctor:" not in r.stderr  # nothing ran

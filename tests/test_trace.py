@@ -56,7 +56,9 @@ def test_slow_getitem_is_the_dataset(monitor):
 
 def test_one_slow_worker_is_a_straggler(monitor):
     mon = monitor()
-    r = run(mon, fastcollate.DataLoader(Stalling(per_sample=0.001, slow_worker=1, slow_factor=12), batch_size=8, **kw()))
+    # 8 batches a worker at least: fewer, and one worker's mean says nothing
+    r = run(mon, fastcollate.DataLoader(Stalling(n=128, per_sample=0.001, slow_worker=1, slow_factor=12), batch_size=8,
+                                        **kw()))
     assert r["bottleneck"] == "straggler"
     assert r["findings"][0].startswith("worker 1 takes ")
 

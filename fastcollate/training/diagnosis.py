@@ -89,7 +89,12 @@ def _mean(stages: dict[str, Any], name: str) -> float:
     return st["total_s"] / st["count"] if st and st["count"] else 0.0
 
 
-def diagnose(tracer: Any, wall_s: float, wait_s: float, compute_s: float) -> dict[str, Any]:
+BUSY_FRACTION = 0.6  # workers busier than this are the stage; idler ones wait for the main process
+MIN_BATCHES_PER_WORKER = 8  # fewer and one worker's mean says nothing about a straggler
+
+
+def diagnose(tracer: Any, wall_s: float, wait_s: float, compute_s: float,
+             batch_info: dict[str, Any] | None = None) -> dict[str, Any]:
     stages = stage_table(tracer)
     workers = worker_table(tracer)
     records = list(tracer.records.values())
@@ -102,8 +107,10 @@ def diagnose(tracer: Any, wall_s: float, wait_s: float, compute_s: float) -> dic
     costs = {"dataset": _mean(stages, "fetch") / parallel, "collate": _mean(stages, "collate") / parallel,
              "sampler": _mean(stages, "sampler"), "main": _mean(stages, "rebuild"),
              "transfer": _mean(stages, "transfer")}
+    busy = statistics.fmean([w["busy_fraction"] for w in in_workers]) if in_workers else 1.0
     facts: dict[str, Any] = {"wait_fraction": wait_frac, "compute_fraction": compute_frac, "workers": nworkers,
-                             "costs_ms": {k: 1e3 * v for k, v in costs.items()}}
+                             "costs_ms": {k: 1e3 * v for k, v in costs.items()}, "busy": busy,
+                             "float_images": None if batch_info is None else batch_info.get("float_images")}
     straggler = _straggler(in_workers)
     if straggler is not None:
         facts["straggler"] = straggler
@@ -117,6 +124,10 @@ def diagnose(tracer: Any, wall_s: float, wait_s: float, compute_s: float) -> dic
         bottleneck = max(costs, key=costs.__getitem__)
         if bottleneck in ("dataset", "collate") and straggler is not None:
             bottleneck = "straggler"
+        elif bottleneck in ("dataset", "collate") and nworkers and busy < BUSY_FRACTION:
+            # the loop waits, yet the workers idle: what they make is not taken faster than this
+            bottleneck = "main"
+            facts["idle_workers"] = True
     return {"bottleneck": bottleneck, "stages": stages, "workers": workers, "queue": queue,
             "facts": facts, "advice": advice(bottleneck, stages, workers, queue, facts, records)}
 
@@ -126,7 +137,7 @@ def _straggler(workers: list[dict[str, Any]]) -> dict[str, Any] | None:
     by_id: dict[Any, list[float]] = {}
     for w in workers:
         by_id.setdefault(w["id"], []).append(w["mean_batch_ms"])
-    if len(by_id) < 2:
+    if len(by_id) < 2 or any(w["batches"] < MIN_BATCHES_PER_WORKER for w in workers):
         return None
     means = {k: statistics.fmean(v) for k, v in by_id.items()}
     slow = max(means, key=means.__getitem__)
@@ -161,7 +172,8 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
         where = (f"workers are busy {busy:.0%} of the time, {share:.0%} of it in the dataset's __getitem__"
                  if n else f"loading runs in the main process, {share:.0%} of it in the dataset's __getitem__")
         more = (f"raise num_workers to ~{want}" if want > n else
-                "every core already runs a worker: only a cheaper dataset (or more cores) moves this")
+                "every core already runs a worker: only a cheaper dataset (or more cores) moves this"
+                if busy >= 0.8 else "the workers are not all busy: fastcollate.doctor measures what helps")
         out = [f"{where} (p50 {per_sample_ms:.2f} ms a sample, {1e3 * fetch:.1f} ms a batch); {n} workers on "
                f"{cores} cores: {more}"]
         slow = _slowest_sample(records)
@@ -179,8 +191,15 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
                        "or use fastcollate.Collator(pad=...) for padding")
         else:
             mb = statistics.fmean([r.nbytes for r in records if r.nbytes] or [0]) / 2**20
-            more = f", or raise num_workers to ~{want}" if want > n else ""
-            out.append(f"fastcollate's collate writes {mb:.1f} MB a batch: ship uint8 and normalize on the GPU{more}")
+            more = f"raise num_workers to ~{want}" if want > n else ""
+            if facts.get("float_images"):
+                out.append(f"fastcollate's collate writes {mb:.1f} MB a batch of float images: ship uint8 and "
+                           f"normalize on the GPU (transforms.Normalize){', or ' + more if more else ''}")
+            elif more:
+                out.append(f"fastcollate's collate writes {mb:.1f} MB a batch: {more}")
+            else:
+                out.append(f"fastcollate's collate writes {mb:.1f} MB a batch on every core already: fewer or "
+                           "smaller fields per sample is what is left")
         return out
     if bottleneck == "straggler":
         s = facts["straggler"]
@@ -193,10 +212,17 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
         return [f"the sampler takes {1e3 * _mean(stages, 'sampler'):.2f} ms per batch in the main process, which "
                 "workers cannot share: precompute the index lists, or make the batch sampler cheaper"]
     if bottleneck == "transfer":
-        return [f"pin/H2D/transforms take {1e3 * _mean(stages, 'transfer'):.1f} ms a batch on the prefetch thread",
-                "ship uint8 and normalize on the GPU (transforms.Normalize): 4x fewer bytes than float32",
-                "raise the prefetcher depth so copies overlap more compute"]
+        out = [f"pin/H2D/transforms take {1e3 * _mean(stages, 'transfer'):.1f} ms a batch on the prefetch thread"]
+        if facts.get("float_images") is not False:
+            out.append("ship uint8 and normalize on the GPU (transforms.Normalize): 4x fewer bytes than float32")
+        out.append("raise the prefetcher depth so copies overlap more compute")
+        return out
     if bottleneck == "main":
+        if facts.get("idle_workers"):
+            return [f"the loop waits for data while the workers are busy only {busy:.0%} of the time: the main "
+                    f"process's handling of each batch (rebuild {1e3 * _mean(stages, 'rebuild'):.2f} ms, the queue, "
+                    "the loop) limits it, not the dataset; fewer workers or main-process loading may be faster "
+                    "(fastcollate.doctor predicts and measures it)"]
         if facts.get("other_fraction", 0) > MAIN_FRACTION:
             return [f"the loop spends {facts['other_fraction']:.0%} of its time outside the step and the data wait: "
                     "logging, metrics or host syncs (.item()) in the loop"]

@@ -43,6 +43,7 @@ class StallMonitor:
                  log_every: int = 0) -> None:
         self.prefetcher = prefetcher
         self.trace = trace
+        self._batch_info: dict[str, Any] | None = None  # of the first batch wrap() saw (for advice)
         # its own view of the trace (another monitor's reset() or creation leaves it alone);
         # tracing stays on while a tracing monitor lives (or until close()): then torch's classes are unwrapped
         self.tracer = _trace.acquire(trace_capacity, log_every) if trace else None
@@ -116,6 +117,8 @@ class StallMonitor:
                 self.stop()
                 return
             self.record_wait(time.perf_counter() - t0, _trace.last_id() if self.tracer is not None else None)
+            if self._batch_info is None:
+                self._batch_info = batch_info(batch)
             yield batch
 
     @contextlib.contextmanager
@@ -182,15 +185,17 @@ class StallMonitor:
             "compute_source": "cuda events" if gpu > 0 else "host clock",
             "gpu_idle_fraction": max(0.0, 1.0 - busy),
             "pending_events": len(self._pending),
-            "advice": ADVICE[verdict],
+            "advice": _advice(verdict, self._loader, self._batch_info),
         }
         if self.tracer is not None:
-            found = diagnosis.diagnose(self.tracer, wall, self.wait_s, compute)
+            found = diagnosis.diagnose(self.tracer, wall, self.wait_s, compute, self._batch_info)
             out.update(bottleneck=found["bottleneck"], stages=found["stages"], workers=found["workers"],
                        queue=found["queue"], findings=found["advice"], errors=dict(self.tracer.errors),
                        batches_traced=len(self.tracer.records))
             if found["bottleneck"] is not None:
-                out["advice"] = found["advice"] + [a for a in out["advice"] if a not in found["advice"]][:1]
+                # the trace's advice is computed from the numbers; a fixed hint beside it could
+                # contradict it (it once said "raise num_workers" after "every core already runs a worker")
+                out["advice"] = found["advice"]
         else:
             out.update(bottleneck=_untraced_bottleneck(verdict), stages={}, workers=[], queue={}, findings=[],
                        errors={})
@@ -279,6 +284,48 @@ def format_stages(stages: dict[str, dict[str, float]]) -> str:
     rows = [head] + [f"  {name:<10} {st['p50_ms']:>8.2f} {st['p95_ms']:>10.2f} {st['max_ms']:>10.2f} "
                      f"{st['total_s']:>10.3f} {st['count']:>9}" for name, st in stages.items()]
     return "\n".join(rows)
+
+
+def _advice(verdict: str, loader_ref: Any, batch_info: dict[str, Any] | None) -> list[str]:
+    """The untraced verdict's next steps, without what the loop already does: fastcollate's
+    collate or loader, workers on every core, persistent workers, a prefetcher, uint8 batches."""
+    from ..core.collator import Collator, collate as fast_collate, usable_cores
+
+    loader = loader_ref() if loader_ref is not None else None
+    inner = getattr(loader, "loader", loader)  # through a CudaPrefetcher
+    collate = getattr(inner, "collate_fn", None)
+    collate = getattr(collate, "inner", collate)  # a RingCollator
+    ours = collate is fast_collate or isinstance(collate, Collator)
+    workers = getattr(inner, "num_workers", None)
+    out = []
+    for line in ADVICE[verdict]:
+        if "fastcollate.collate" in line and ours:
+            continue
+        if line.startswith("raise DataLoader num_workers") and workers is not None and workers >= usable_cores():
+            continue
+        if "persistent_workers" in line and getattr(inner, "persistent_workers", False):
+            continue
+        if "CudaPrefetcher" in line and inner is not loader:
+            continue
+        if "ship uint8" in line and batch_info is not None and not batch_info.get("float_images"):
+            continue
+        out.append(line)
+    return out
+
+
+def batch_info(batch: Any) -> dict[str, Any]:
+    """What advice needs to know of a batch: whether it carries float images (>= 3-D floating tensors)."""
+    from ..core.tree import iter_tensors
+
+    floats = False
+    try:
+        for t in iter_tensors(batch):
+            if t.dim() >= 3 and t.is_floating_point():
+                floats = True
+                break
+    except Exception:
+        pass
+    return {"float_images": floats}
 
 
 def _untraced_bottleneck(verdict: str) -> str | None:

@@ -1,49 +1,71 @@
-"""tune_loader: pick DataLoader settings by measurement, inside a time budget."""
+"""tune_loader: pick DataLoader settings by measurement, inside a time budget -- whole epochs with
+the loader's start-up, alternating rounds, the spread reported, and a difference inside the
+spread never called a win.
+
+The grid is num_workers (never more than the usable cores) x prefetch_factor x the loader:
+torch's DataLoader with default_collate, with fastcollate.collate, and fastcollate.DataLoader
+(the ring). Every setting runs once per round, the order reversed each round; later rounds
+keep only the settings still in reach of the fastest (their ranges overlap), so the budget goes
+where the answer is still open. fastcollate.doctor predicts instead of sweeping: use it to
+find the fix; use this to check a grid you care about.
+"""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import os
 import sys
 import time
 from typing import Any, Callable, Sequence
 
-import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset
 
 from .._text import table_rule
-from ..core.collator import usable_cores, collate as fast_collate
+from ..core.collator import collate as fast_collate, usable_cores
+from . import measure
+from .memory import worker_pids
+
+LOADERS = ("torch", "torch+fastcollate", "fastcollate")
 
 
 @dataclasses.dataclass
 class TuneResult:
-    best: dict[str, Any]     # DataLoader keyword arguments of the fastest configuration
+    best: dict[str, Any]      # DataLoader keyword arguments of the chosen setting (batch_size aside)
     table: list[dict[str, Any]]
+    loader_kind: str = "torch"  # "torch" (torch.utils.data.DataLoader) or "fastcollate" (fastcollate.DataLoader)
+    tied: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows within the spread of the fastest
+    batch_size: int = 1
+
+    def loader(self, dataset: Any, **overrides: Any) -> Any:
+        """A loader over ``dataset`` with the chosen settings."""
+        from ..loader.dataloader import DataLoader as RingLoader
+
+        cls = RingLoader if self.loader_kind == "fastcollate" else DataLoader
+        return cls(dataset, **{"batch_size": self.batch_size, **self.best, **overrides})
 
     def format(self) -> str:
-        head = f"| {'workers':>7} | {'prefetch':>8} | {'pin':>5} | {'collate':<11} | {'batches/s':>9} | {'peak RSS MB':>11} | status |"
+        head = (f"| {'workers':>7} | {'prefetch':>8} | {'loader':<17} | {'samples/s':>9} | {'spread':>15} | "
+                f"{'rounds':>6} | {'peak RSS MB':>11} | status |")
         lines = [head, table_rule(head)]
         for r in self.table:
-            bps = f"{r['batches_per_s']:9.1f}" if r["batches_per_s"] else " " * 9
+            sps = f"{r['samples_per_s']:9.0f}" if r["samples_per_s"] else " " * 9
+            spread = f"{r['min']:.0f}-{r['max']:.0f}" if r["rounds"] else ""
             rss = f"{r['peak_rss_mb']:11.0f}" if r["peak_rss_mb"] else " " * 11
-            lines.append(f"| {r['num_workers']:>7} | {str(r['prefetch_factor']):>8} | {str(r['pin_memory']):>5} | "
-                         f"{r['collate']:<11} | {bps} | {rss} | {r['status']} |")
+            lines.append(f"| {r['num_workers']:>7} | {str(r['prefetch_factor']):>8} | {r['loader']:<17} | {sps} | "
+                         f"{spread:>15} | {r['rounds']:>6} | {rss} | {r['status']} |")
         return "\n".join(lines)
 
+    def verdict(self) -> str:
+        top = self.best
+        name = f"{self.loader_kind} loader, num_workers={top.get('num_workers')}"
+        if len(self.tied) > 1:
+            others = ", ".join(f"{r['loader']}/{r['num_workers']}w/pf{r['prefetch_factor']}" for r in self.tied[1:4])
+            return (f"best: {name} -- tied within the spread with {others}: the fastest median is not a win over "
+                    "them; the one with the fewest workers is chosen")
+        return f"best: {name} (faster than every other setting in every round)"
 
-def _rss_mb(pids: Sequence[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            pass
-    return total / 2**20
-
-
-def _worker_pids(it: Any) -> list[int]:
-    return [w.pid for w in getattr(it, "_workers", []) if getattr(w, "pid", None)]
+    def to_dict(self) -> dict[str, Any]:
+        best = {k: (("fastcollate.collate" if v is fast_collate else repr(v)) if callable(v) else v)
+                for k, v in self.best.items()}
+        return {"best": best, "loader": self.loader_kind, "table": self.table, "tied": self.tied}
 
 
 def _candidates(num_workers: Sequence[int] | None) -> list[int]:
@@ -53,95 +75,143 @@ def _candidates(num_workers: Sequence[int] | None) -> list[int]:
     return [w for w in num_workers if 0 <= w <= cores]  # never more workers than cores
 
 
+def _kwargs(loader: str, w: int, pf: int | None, collate_fn: Callable | None, shuffle: bool) -> dict[str, Any]:
+    kw: dict[str, Any] = {"num_workers": w, "shuffle": shuffle}
+    if w:
+        kw.update(prefetch_factor=pf, persistent_workers=False)
+    if loader == "torch+fastcollate":
+        kw["collate_fn"] = fast_collate
+    elif collate_fn is not None:
+        kw["collate_fn"] = collate_fn
+    return kw
+
+
 def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | None = None,
                 budget_s: float = 60.0, num_workers: Sequence[int] | None = None,
                 prefetch_factors: Sequence[int] = (2, 4), pin_memory: Sequence[bool] | None = None,
-                compare_default: bool = True, warmup_batches: int = 2, progress: bool = True,
-                shuffle: bool = False) -> TuneResult:
-    """Sweep num_workers x prefetch_factor x pin_memory (x default_collate vs fastcollate) and
-    measure batches/s and peak RSS after warm-up, each configuration given an equal slice of
-    ``budget_s``. Returns the best settings (DataLoader kwargs) and the full table.
+                compare_default: bool = True, loaders: Sequence[str] | None = None, epochs: int = 1,
+                progress: bool = True, shuffle: bool = False, warmup_batches: int | None = None) -> TuneResult:
+    """Measure num_workers x prefetch_factor x loader (torch's with default_collate or
+    fastcollate.collate, fastcollate.DataLoader), each setting for ``epochs`` whole epochs of a
+    new loader, in alternating rounds within ``budget_s``; report samples/s with its spread and
+    the peak RSS, and choose the fastest -- or, when the fastest is inside another setting's
+    spread, the one of those with the fewest workers.
+
+    ``collate_fn``: your own collate (then only torch's loader with it is measured).
+    ``res.loader(dataset)`` makes the chosen loader; ``res.best`` holds its keyword arguments.
 
     >>> import torch, fastcollate
     >>> ds = [torch.zeros(4) for _ in range(64)]
-    >>> res = fastcollate.tune_loader(ds, 8, budget_s=2, num_workers=[0], progress=False)
+    >>> res = fastcollate.tune_loader(ds, 8, budget_s=4, num_workers=[0], progress=False)
     >>> res.best["num_workers"]
     0
     """
-    if batch_size < 1:
+    if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"tune_loader: batch_size must be >= 1, got {batch_size}")
     if budget_s <= 0:
         raise ValueError(f"tune_loader: budget_s must be > 0, got {budget_s}")
+    if epochs < 1:
+        raise ValueError(f"tune_loader: epochs must be >= 1, got {epochs}")
     workers = _candidates(num_workers)
     if not workers:
         raise ValueError(f"tune_loader: no worker count fits the {usable_cores()} cores available")
-    pins = list(pin_memory) if pin_memory is not None else ([False, True] if torch.cuda.is_available() else [False])
-    collates: list[tuple[str, Callable]] = [("fastcollate", collate_fn or fast_collate)]
-    if compare_default and collate_fn is None:
-        collates.append(("default", default_collate))
+    kinds = list(loaders) if loaders is not None else (
+        ["torch"] if collate_fn is not None else (list(LOADERS) if compare_default else ["torch+fastcollate", "fastcollate"]))
+    bad = [k for k in kinds if k not in LOADERS]
+    if bad:
+        raise ValueError(f"tune_loader: loaders must be among {LOADERS}, got {bad}")
+    pins = list(pin_memory) if pin_memory is not None else [False]
     configs = []
-    for w, pf, pin, (cname, cfn) in itertools.product(workers, prefetch_factors, pins, collates):
-        if w == 0 and pf != prefetch_factors[0]:
-            continue  # prefetch_factor means nothing without workers
-        configs.append((w, pf if w > 0 else None, pin, cname, cfn))
+    for kind in kinds:
+        for w in workers:
+            for pf in (prefetch_factors if w else [None]):
+                for pin in pins:
+                    configs.append((kind, w, pf, pin))
+    from ..loader.dataloader import DataLoader as RingLoader
+
+    def factory(cfg: tuple) -> Callable[[], Any]:
+        kind, w, pf, pin = cfg
+        cls = RingLoader if kind == "fastcollate" else DataLoader
+        return lambda: cls(dataset, batch_size=batch_size, pin_memory=pin, **_kwargs(kind, w, pf, collate_fn, shuffle))
+
+    arms = {cfg: measure.Arm(str(cfg)) for cfg in configs}
+    status = {cfg: "ok" for cfg in configs}
+    peak = {cfg: 0.0 for cfg in configs}
     deadline = time.monotonic() + budget_s
-    slice_s = budget_s / len(configs)
-    table = []
-    for i, (w, pf, pin, cname, cfn) in enumerate(configs):
-        row = {"num_workers": w, "prefetch_factor": pf, "pin_memory": pin, "collate": cname,
-               "batches_per_s": 0.0, "peak_rss_mb": 0.0, "batches": 0, "status": "ok"}
-        if progress:
-            bar = "#" * int(20 * i / len(configs))
-            print(f"\rtune [{bar:<20}] {i}/{len(configs)} workers={w} prefetch={pf} pin={pin} {cname}   ",
-                  end="", file=sys.stderr, flush=True)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0.05:
-            row["status"] = "skipped (budget)"
-            table.append(row)
-            continue
-        # leave room for the loader's shutdown (joining workers) inside the budget
-        stop_at = time.monotonic() + max(0.05, min(slice_s, remaining) - (0.25 if w > 0 else 0.0))
-        kw: dict[str, Any] = {"num_workers": w, "pin_memory": pin, "collate_fn": cfn, "shuffle": shuffle}
-        if w > 0:
-            kw.update(prefetch_factor=pf, persistent_workers=False)
-        try:
-            loader = DataLoader(dataset, batch_size=batch_size, **kw)
-            it = iter(loader)
-            pids = [os.getpid()] + _worker_pids(it)
-            n, t0, peak = 0, None, 0.0
-            while time.monotonic() < stop_at:
-                try:
-                    next(it)
-                except StopIteration:
-                    it = iter(loader)
-                    pids = [os.getpid()] + _worker_pids(it)
-                    continue
-                n += 1
-                if n == warmup_batches:
-                    t0, n0 = time.perf_counter(), n
-                if n % 4 == 0:
-                    peak = max(peak, _rss_mb(pids))
-            del it
-            if t0 is None or n <= warmup_batches:
-                row["status"] = "too slow for its time slice"
-            else:
-                row["batches_per_s"] = (n - n0) / (time.perf_counter() - t0)
-                row["batches"] = n - n0
-            row["peak_rss_mb"] = peak
-        except Exception as exc:  # a config that cannot run is a row, not the end of the sweep
-            row["status"] = f"error: {type(exc).__name__}: {exc}"[:120]
-        table.append(row)
+    alive = list(configs)
+    rounds = 0
+    while alive and time.monotonic() < deadline:
+        order = alive if rounds % 2 == 0 else alive[::-1]
+        for i, cfg in enumerate(order):
+            if time.monotonic() >= deadline:
+                break
+            if progress:
+                bar = "#" * int(20 * i / max(1, len(order)))
+                print(f"\rtune round {rounds + 1} [{bar:<20}] {i}/{len(order)} {cfg[0]} workers={cfg[1]} "
+                      f"prefetch={cfg[2]}   ", end="", file=sys.stderr, flush=True)
+            try:
+                def watch(loader: Any, batch: Any, cfg: tuple = cfg) -> None:
+                    it = getattr(loader, "_iterator", None)
+                    peak[cfg] = max(peak[cfg], _rss_mb(worker_pids(it) if it is not None else []))
+                arms[cfg].runs.append(measure.run_epochs(factory(cfg), epochs, on_batch=_every(8, watch)))
+            except Exception as exc:  # a setting that cannot run is a row, not the end of the sweep
+                status[cfg] = f"error: {type(exc).__name__}: {exc}"[:120]
+        rounds += 1
+        alive = [c for c in alive if status[c] == "ok" and arms[c].runs]
+        if rounds >= 2 and alive:
+            top = max(alive, key=lambda c: arms[c].median)
+            # keep only what is still in reach of the fastest: ranges that overlap its range
+            alive = [c for c in alive if c == top or arms[c].spread()["max"] >= arms[top].spread()["min"]]
+            if len(alive) == 1 or rounds >= 5:
+                break
     if progress:
-        print(f"\rtune [{'#' * 20}] {len(configs)}/{len(configs)} done{' ' * 40}", file=sys.stderr, flush=True)
-    measured = [r for r in table if r["batches_per_s"] > 0]
+        print(f"\rtune: {rounds} round(s) done{' ' * 60}", file=sys.stderr, flush=True)
+    table = []
+    for cfg in configs:
+        kind, w, pf, pin = cfg
+        sp = arms[cfg].spread()
+        st = status[cfg] if arms[cfg].runs or status[cfg] != "ok" else "skipped (budget)"
+        table.append({"loader": kind, "num_workers": w, "prefetch_factor": pf, "pin_memory": pin,
+                      "samples_per_s": arms[cfg].median, "min": sp["min"], "max": sp["max"], "rounds": sp["rounds"],
+                      "peak_rss_mb": peak[cfg], "status": st})
+    measured = [r for r, cfg in zip(table, configs) if r["samples_per_s"] > 0]
     if not measured:
         raise RuntimeError("tune_loader: no configuration produced a measurement within the budget; raise budget_s")
-    top = max(measured, key=lambda r: r["batches_per_s"])
-    best = {"num_workers": top["num_workers"], "pin_memory": top["pin_memory"],
-            "collate_fn": collate_fn or (fast_collate if top["collate"] == "fastcollate" else default_collate)}
-    if top["num_workers"] > 0:
-        best["prefetch_factor"] = top["prefetch_factor"]
-        best["persistent_workers"] = True
-    best["batches_per_s"] = top["batches_per_s"]
-    best["collate"] = top["collate"]
-    return TuneResult(best=best, table=table)
+    top = max(measured, key=lambda r: r["samples_per_s"])
+    # a setting whose range reaches the fastest one's is not beaten by it
+    tied = sorted([r for r in measured if r["max"] >= top["min"] and r["rounds"] >= 1],
+                  key=lambda r: (-r["samples_per_s"]))
+    pick = min(tied, key=lambda r: (r["num_workers"], -r["samples_per_s"])) if len(tied) > 1 else top
+    best = _kwargs(pick["loader"], pick["num_workers"], pick["prefetch_factor"], collate_fn, shuffle)
+    best["pin_memory"] = pick["pin_memory"]
+    best.pop("shuffle", None)
+    if shuffle:
+        best["shuffle"] = True
+    return TuneResult(best=best, table=table, loader_kind="fastcollate" if pick["loader"] == "fastcollate" else "torch",
+                      tied=tied if len(tied) > 1 else [], batch_size=batch_size)
+
+
+def _every(n: int, fn: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    count = [0]
+
+    def call(loader: Any, batch: Any) -> None:
+        count[0] += 1
+        if count[0] % n == 1:
+            fn(loader, batch)
+    return call
+
+
+def _rss_mb(pids: Sequence[int]) -> float:
+    import os
+
+    total = 0
+    for pid in [os.getpid(), *pids]:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            pass
+    return total / 2**20
+
+
+__all__ = ["TuneResult", "tune_loader", "LOADERS"]

@@ -1,0 +1,347 @@
+"""The doctor's looking: a traced run of a loader, whole epochs (or a short probe), turned into
+what the model needs -- each batch's time in its worker, every station's CPU per batch, the
+workers' start-up and memory -- plus the checks a cache needs (is the dataset deterministic,
+how big are its samples) and the ceiling (the step with data free)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import _trace
+from . import model
+from .measure import batch_len
+from .memory import WorkerMemory, cpu_seconds, worker_pids
+from .monitor import StallMonitor, batch_info
+
+
+@dataclasses.dataclass
+class Look:
+    profile: model.Profile
+    spikes_s: list[float]       # each batch's time beyond the typical batch's (its rare slow samples)
+    step_s: float               # the user's step, wall seconds per batch
+    samples_per_s: float        # of the traced run (tracing included: not a measurement to compare)
+    batch_bytes: int            # tensor bytes of a batch
+    memory: dict[str, Any]      # WorkerMemory.report()
+    report: dict[str, Any]      # the StallMonitor report of the run
+    batch: Any = None           # a copy of one batch (the ceiling replays it)
+    batches: int = 0
+    wall_s: float = 0.0
+    worker_busy: float = 0.0    # mean fraction of the run the workers spent on CPU
+    main_busy: float = 0.0
+    waiting: float = 0.0        # the share of a sample's fetch spent waiting, not computing (I/O)
+
+
+def _clone(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, dict):
+        return {k: _clone(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_clone(v) for v in batch) if isinstance(batch, tuple) else [_clone(v) for v in batch]
+    return batch
+
+
+def _tensor_bytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, dict):
+        return sum(_tensor_bytes(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in x)
+    return 0
+
+
+def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any] | None, workers: int,
+         max_batches: int | None = None, kind: str = "torch", trace: str | None = None,
+         plot: str | None = None) -> Look:
+    """``epochs`` epochs of a new loader (at most ``max_batches`` batches in all), traced, with
+    ``step``; what each station spent per batch. ``trace`` / ``plot``: paths for the run's
+    Chrome trace and picture."""
+    mon = StallMonitor(trace=True)
+    mem = WorkerMemory()
+    worker_cpu0: dict[int, float] = {}  # each worker's CPU clock at its first batch (start-up is not per batch)
+    worker_cpu: dict[int, float] = {}
+    main_cpu = 0.0  # from each epoch's first batch on: loader creation and worker start-up are not per batch
+    counted = 0     # the batches that main_cpu covers
+    ours = [0.0]    # CPU the looking itself spends in the main process (reading /proc): not the loop's
+
+    def sample_memory(pids: list[int]) -> None:
+        c = time.process_time()
+        mem.sample(pids)
+        ours[0] += time.process_time() - c
+
+    def read_cpu(pids: list[int], into: dict[int, float], first: bool = False) -> None:
+        c = time.process_time()
+        for pid in pids:
+            v = cpu_seconds(pid)
+            if v is not None:
+                if first:
+                    into.setdefault(pid, v)
+                else:
+                    into[pid] = v  # CPU clocks only grow: keep each worker's latest
+        ours[0] += time.process_time() - c
+    step_times: list[float] = []
+    step_cpu = 0.0
+    batches = samples = 0
+    copy = None
+    first_latency: list[float] = []
+    try:
+        t0 = time.perf_counter()
+        loader = make_loader()
+        per_epoch = len(loader) if hasattr(loader, "__len__") else None
+        mon.start()
+        stop = False
+        for epoch in range(epochs):
+            e0 = time.perf_counter()
+            it = iter(loader)
+            pids = worker_pids(it)
+            sample_memory(pids)  # just started: what a worker holds before it has read the dataset
+            i = 0
+            while True:
+                w0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                waited = time.perf_counter() - w0
+                mon.record_wait(waited, _trace.last_id())
+                if i == 0:
+                    first_latency.append(time.perf_counter() - e0)
+                    pids = worker_pids(it)
+                    sample_memory(pids)
+                    read_cpu(pids, worker_cpu0, first=True)
+                    epoch_cpu0, ours_at0 = time.process_time(), ours[0]
+                else:
+                    counted += 1
+                s0, c0 = time.perf_counter(), time.thread_time()
+                if step is not None:
+                    step(batch)
+                step_cpu += time.thread_time() - c0
+                step_times.append(time.perf_counter() - s0)
+                mon.record_compute(step_times[-1])
+                if copy is None:
+                    copy = _clone(batch)
+                    mon._batch_info = batch_info(batch)
+                samples += batch_len(batch)
+                batches += 1
+                i += 1
+                last = per_epoch is not None and i == per_epoch
+                if pids and (last or i % 16 == 0 or (max_batches is not None and batches >= max_batches)):
+                    read_cpu(pids, worker_cpu)
+                    if last:
+                        sample_memory(pids)
+                del batch
+                if max_batches is not None and batches >= max_batches:
+                    stop = True
+                    break
+            if i:
+                main_cpu += time.process_time() - epoch_cpu0 - (ours[0] - ours_at0)
+            if pids:
+                sample_memory(pids)
+            del it
+            if stop:
+                break
+        mon.stop()
+        wall = time.perf_counter() - t0
+        del loader
+        report = mon.report()
+        records = [r for r in mon.tracer.records.values() if "fetch" in r.spans and "collate" in r.spans]
+        if trace:
+            mon.save_trace(trace)
+        if plot:
+            mon.plot(plot, title="your settings")
+    finally:
+        mon.close()
+    fetch = [r.spans["fetch"][1] - r.spans["fetch"][0] for r in records]
+    make = [f + (r.spans["collate"][1] - r.spans["collate"][0]) for f, r in zip(fetch, records)]
+    batches = max(1, batches)
+    counted = max(1, counted)
+    total_worker_cpu = sum(worker_cpu[p] - worker_cpu0.get(p, worker_cpu[p]) for p in worker_cpu)
+    mean_make = statistics.fmean(make) if make else 0.0
+    step_per = step_cpu / batches
+    if workers:
+        worker_cpu_s = total_worker_cpu / counted
+        main_cpu_s = max(0.0, main_cpu / counted - step_per)
+    else:
+        # everything ran on the main thread: the loop's own cost is what fetch + collate leave
+        worker_cpu_s = mean_make
+        main_cpu_s = max(0.0, main_cpu / counted - step_per - mean_make)
+    worker_busy = total_worker_cpu / wall if wall > 0 else 0.0
+    main_busy = main_cpu / wall if wall > 0 else 0.0
+    cores = max(1, _cores())
+    contention = max(1.0, (worker_busy + main_busy) / cores) if workers else 1.0
+    start = max(0.0, (statistics.median(first_latency) if first_latency else 0.0) - mean_make) if workers else 0.0
+    profile = model.Profile(kind=kind, workers=workers, make_s=make or [0.0], fetch_s=fetch or [0.0],
+                            worker_cpu_s=worker_cpu_s, main_cpu_s=main_cpu_s, start_s=start,
+                            start_workers=max(1, workers), contention=contention)
+    # a batch's time beyond the typical batch's: its rare slow samples (a remote read, a sleep),
+    # which more prefetching can hide and more CPU cannot shorten
+    typical = statistics.median(make) if make else 0.0
+    spikes = [max(0.0, (m - typical) / contention) for m in make] or [0.0]
+    # the median: a busy machine preempts the loop now and then, and a mean would charge the step
+    step_s = statistics.median(step_times) if step is not None and step_times else 0.0
+    return Look(profile=profile, spikes_s=spikes, step_s=step_s, samples_per_s=samples / wall if wall > 0 else 0.0,
+                batch_bytes=_tensor_bytes(copy), memory=mem.report(), report=report, batch=copy, batches=batches,
+                wall_s=wall, worker_busy=worker_busy / max(1, workers) if workers else 0.0, main_busy=main_busy)
+
+
+def _cores() -> int:
+    from ..core.collator import usable_cores
+
+    return usable_cores()
+
+
+def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_epoch: int, seen: Look) -> model.Profile:
+    """A short untraced run (one epoch, a few batches) of a loader the user does not run now: the
+    main process's and the workers' CPU per batch, each batch's wait and the start-up -- untraced,
+    because for small batches the trace's own cost is as large as the loader's. The per-batch
+    spread of the work (rare slow samples) is the traced run's (``seen``): the dataset is the same."""
+    n = min(batches_per_epoch, max(12, 6 * max(1, workers)))
+    # at least n batches and min_s seconds (more passes over a short epoch), so that a preemption
+    # or two, or the previous run's aftermath, do not set the level
+    min_s, max_s = 0.25, 2.0
+    waits: list[float] = []
+    firsts: list[float] = []
+    worker_cpu = 0.0
+    main_cpu = 0.0
+    t0 = time.perf_counter()
+    loader = make_loader()
+    while True:
+        e0 = time.perf_counter()
+        it = iter(loader)
+        cpu0: dict[int, float] = {}
+        i = 0
+        c0 = time.process_time()
+        while i < n or time.perf_counter() - t0 < min_s:
+            w0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            if i == 0:
+                firsts.append(time.perf_counter() - (t0 if not firsts else e0))
+                for pid in worker_pids(it):
+                    c = cpu_seconds(pid)
+                    if c is not None:
+                        cpu0[pid] = c
+                c0 = time.process_time()
+            else:
+                waits.append(time.perf_counter() - w0)
+            del batch
+            i += 1
+            if time.perf_counter() - t0 > max_s and i >= 2:
+                break
+        if i > 1:
+            main_cpu += time.process_time() - c0
+            for pid, c_first in cpu0.items():
+                c = cpu_seconds(pid)
+                if c is not None:
+                    worker_cpu += c - c_first
+        del it
+        if (len(waits) >= n and time.perf_counter() - t0 >= min_s) or time.perf_counter() - t0 > max_s or i <= 1:
+            break
+    del loader
+    first = statistics.median(firsts) if firsts else 0.0
+    counted = max(1, len(waits))
+    spikes = seen.spikes_s or [0.0]
+    fetch_share = [f / m if m > 0 else 1.0 for f, m in zip(seen.profile.fetch_s, seen.profile.make_s)] or [1.0]
+
+    def per_batch(typical: float) -> list[float]:
+        # this loader's typical batch, plus each batch's own slow samples as the traced run saw
+        # them: the dataset, and so its slow samples, is the same whatever the loader
+        return [typical + s for s in spikes]
+
+    if workers == 0:
+        # each next() is the whole of it: sampler, fetch, collate, the loop; its median is the
+        # typical batch, which a preemption of this process now and then does not move
+        level = statistics.median(waits) if waits else 0.0
+        make = per_batch(level)
+        return model.Profile(kind=kind, workers=0, make_s=make,
+                             fetch_s=[m * f for m, f in zip(make, itertools.cycle(fetch_share))],
+                             worker_cpu_s=level, main_cpu_s=0.0, first_s=max(0.0, first - level), cpu_s=level)
+    w_cpu = worker_cpu / counted
+    m_cpu = main_cpu / counted
+    # a worker's typical batch: its CPU, plus the waiting a typical sample does (measured in the
+    # main process: wall against CPU clock) -- a CPU clock does not see a read or a sleep
+    fetch_typical = statistics.median(seen.profile.fetch_s) if seen.profile.fetch_s else 0.0
+    typical = w_cpu + seen.waiting * fetch_typical / max(1.0, seen.profile.contention)
+    make = per_batch(typical)
+    return model.Profile(kind=kind, workers=workers, make_s=make,
+                         fetch_s=[m * f for m, f in zip(make, itertools.cycle(fetch_share))],
+                         worker_cpu_s=w_cpu, main_cpu_s=m_cpu, start_s=max(0.0, first - typical),
+                         start_workers=workers, contention=1.0, cpu_s=w_cpu)
+
+
+def waiting_share(dataset: Any, samples: int = 32, budget_s: float = 0.3) -> float:
+    """The share of a sample's fetch the dataset spends waiting (I/O, sleeps) rather than on a
+    CPU: a few samples fetched in the main process, wall clock against its thread's CPU clock."""
+    n = len(dataset)
+    if n == 0:
+        return 0.0
+    wall = cpu = 0.0
+    t_end = time.perf_counter() + budget_s
+    for k in range(min(samples, n)):
+        i = (k * 7919) % n  # spread over the dataset
+        w0, c0 = time.perf_counter(), time.thread_time()
+        dataset[i]
+        cpu += time.thread_time() - c0
+        wall += time.perf_counter() - w0
+        if time.perf_counter() > t_end:
+            break
+    return max(0.0, min(1.0, 1.0 - cpu / wall)) if wall > 0 else 0.0
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+                and torch.equal(a.reshape(-1).view(torch.uint8) if a.numel() else a, b.reshape(-1).view(torch.uint8)
+                                if b.numel() else b))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def deterministic(dataset: Any, tries: int = 3) -> bool:
+    """Whether the same index fetched twice gives equal samples (types, dtypes, shapes, strides,
+    bytes), at a few indices spread over the dataset."""
+    n = len(dataset)
+    if n == 0:
+        return False
+    for i in sorted({0, n // 2, n - 1})[:tries]:
+        if not _same(dataset[i], dataset[i]):
+            return False
+    return True
+
+
+def replay_ceiling(seen: Look, step: Callable[[Any], Any] | None, work: model.Workload) -> float | None:
+    """The loop with data free: one batch replayed through the step, an epoch's worth (None for a
+    data-only loop: without a step there is nothing but the data)."""
+    if seen.batch is None or step is None:
+        return None
+    n = max(1, min(work.batches, 256))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step(seen.batch)
+    dt = time.perf_counter() - t0
+    samples = n * batch_len(seen.batch)
+    return samples / dt if dt > 0 else float("inf")

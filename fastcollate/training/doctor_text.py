@@ -1,0 +1,42 @@
+"""The doctor's report as text: the user's settings and the proposal side by side (predicted and
+measured), the findings, and the proposal as code to paste."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def format_diagnosis(d: Any, dataset: str = "dataset") -> str:
+    b, p = d.baseline, d.proposal
+    same = not p["changes"]
+    lines = ["", f"bottleneck: {d.bottleneck}", "",
+             f"{'samples/s':<22} {'your settings':>16} {'proposal':>16}",
+             f"{'  predicted':<22} {_rate(b.get('predicted_samples_per_s')):>16} {_rate(p['predicted_samples_per_s']):>16}",
+             f"{'  measured':<22} {_rate(b['samples_per_s']):>16} "
+             f"{_rate(p['measured_samples_per_s'] if not same else b['samples_per_s']):>16}"]
+    spread = b.get("spread")
+    if spread and spread.get("rounds"):
+        lines.append(f"{'  your spread':<22} {spread['min']:,.0f}-{spread['max']:,.0f} over {spread['rounds']} rounds")
+    if d.ceiling_samples_per_s is not None:
+        lines.append(f"{'  ceiling (data free)':<22} {_rate(d.ceiling_samples_per_s):>16}")
+    lines.append("")
+    lines.append("changes:" if p["changes"] else "changes: none (your settings stay)")
+    lines += [f"  - {c}" for c in p["changes"]]
+    lines.append("findings:")
+    lines += [f"  - {f}" for f in d.findings]
+    cost = p.get("memory_mb")
+    if cost:
+        lines.append(f"the proposal holds ~{cost['total']:.0f} MB: workers {cost['workers']:.0f} MB, batches in flight "
+                     f"{cost['batches_in_flight']:.0f} MB, cache {cost['cache']:.0f} MB")
+    mem = d.memory
+    if mem.get("workers_private_mb"):
+        lines.append(f"workers' private memory: {', '.join(f'{m:.0f} MB' for m in mem['workers_private_mb'])} "
+                     f"(grew {mem['growth_mb']:.0f} MB each)")
+    if p["changes"]:
+        lines += ["", "the proposal, as code:", "  import fastcollate, torch",
+                  f"  dataset = ...  # {dataset}", "  " + d.code()]
+    lines.append(f"(the doctor took {d.elapsed_s:.1f} s)")
+    return "\n".join(lines)

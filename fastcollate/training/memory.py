@@ -1,0 +1,103 @@
+"""Memory as a resource: what a process may use, what a DataLoader worker holds privately, and the
+copy-on-write growth that makes "memory grows with workers".
+
+A forked worker shares its parent's pages until it writes one. Python writes an object's
+reference count every time it touches the object, so a dataset held as millions of Python
+objects (a list of dicts, of strings, of ints) has every page of it copied into every worker
+that reads it: each worker's private memory grows to the dataset's size. Numpy-backed storage
+(one buffer, no per-item objects: fastcollate.ArrayDataset) is read without being written.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+_MB = 1 << 20
+
+
+def private_mb(pid: int) -> float | None:
+    """The pages a process holds on its own (private clean + dirty, swap too), in MB; None when
+    the process is gone or the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            text = f.read()
+    except OSError:
+        return None
+    total = 0
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty", "Swap"):
+            total += int(rest.split()[0])  # kB
+    return total / 1024
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15 of stat)
+
+
+def available_bytes() -> int:
+    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                raw = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:
+            avail = min(avail, max(0, int(raw) - usage))
+        break
+    return avail
+
+
+def worker_pids(iterator: object) -> list[int]:
+    """The worker processes of a DataLoader iterator (empty for main-process loading)."""
+    return [w.pid for w in getattr(iterator, "_workers", None) or () if getattr(w, "pid", None)]
+
+
+class WorkerMemory:
+    """Private memory of a loader's workers, sampled at their first batch and at their last batch
+    of each epoch: the growth is what copy-on-write (or a leak) costs per worker."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def sample(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            mb = private_mb(pid)
+            if mb is None:
+                continue
+            self.first.setdefault(pid, mb)
+            self.last[pid] = mb
+
+    def report(self, threshold_mb: float = 64.0) -> dict[str, object]:
+        """``{"workers_private_mb": [...], "growth_mb": float, "finding": "copy_on_write" | None}``:
+        the last private size of each worker, their mean growth, and "copy_on_write" when a
+        worker grew by more than ``threshold_mb``."""
+        pids = sorted(self.last)
+        growth = [self.last[p] - self.first[p] for p in pids]
+        mean = sum(growth) / len(growth) if growth else 0.0
+        return {"workers_private_mb": [round(self.last[p], 1) for p in pids], "growth_mb": round(mean, 1),
+                "finding": "copy_on_write" if growth and max(growth) > threshold_mb else None}

@@ -1,0 +1,176 @@
+"""The doctor's model of a DataLoader pipeline: from what one run measured, the samples/s of any
+setting (workers, prefetch, persistence, loader, cache), before running it.
+
+Operational analysis, as Plumber does for tf.data (Kuchnik et al., MLSys 2022): each station's
+*demand* is the CPU time it spends per batch, measured with the kernel's per-process CPU
+clocks -- the main process (rebuild, sampler, the loop, the step), the workers (fetch + collate
++ sending) -- and what a batch waits for without a CPU (I/O, sleeps) is the rest of a worker's
+time per batch. A setting's throughput is then bounded by each station (one main thread; W
+workers; the cores the process may use, which main and workers share), and the order batches
+are delivered in (in order, each worker with at most ``prefetch_factor`` batches outstanding) is
+played out batch by batch over the measured per-batch times, so that a rare slow sample costs
+what it costs in-order (and prefetching hides it when it can). Worker start-up is paid each
+epoch, or once with persistent workers; with a cache, epochs after the first fetch each sample
+at the cache's measured read cost.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Sequence
+
+
+@dataclasses.dataclass
+class Profile:
+    """What one loader kind costs per batch, measured (see doctor.profile_run).
+
+    ``make_s``: each batch's time in its worker (or in the main process with 0 workers): fetch
+    + collate, as measured, with ``contention`` (>= 1) the factor by which the CPU part was
+    slowed by other processes when it was measured. ``fetch_s``: the fetch part of each batch.
+    ``worker_cpu_s``: worker CPU seconds per batch (fetch, collate, sending). ``main_cpu_s``:
+    main-process CPU per batch without the user's step (the loop, the rebuild, the sampler; with
+    0 workers also fetch and collate). ``start_s``: a new epoch's worker start-up, measured with
+    ``start_workers`` workers."""
+
+    kind: str
+    workers: int
+    make_s: list[float]
+    fetch_s: list[float]
+    worker_cpu_s: float
+    main_cpu_s: float
+    start_s: float = 0.0
+    start_workers: int = 1
+    contention: float = 1.0
+    first_s: float = 0.0  # a new loader's first batch beyond the others (cold memory, first calls)
+    cpu_s: float | None = None  # of make_s, the CPU part (the rest is each batch's waiting: I/O, sleeps)
+
+    @property
+    def mean_make(self) -> float:
+        return statistics.fmean(self.make_s) if self.make_s else 0.0
+
+
+@dataclasses.dataclass
+class Setting:
+    """A candidate: the DataLoader settings and the loader kind ("torch" with default_collate,
+    "torch+fastcollate" with fastcollate.collate, "fastcollate" the ring loader)."""
+
+    kind: str
+    num_workers: int
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    cache: bool = False
+
+    def key(self) -> tuple:
+        return (self.kind, self.num_workers, self.prefetch_factor if self.num_workers else 0,
+                self.persistent_workers if self.num_workers else False, self.cache)
+
+
+@dataclasses.dataclass
+class Workload:
+    batches: int          # per epoch
+    batch_size: int
+    epochs: int
+    cores: int
+    step_s: float = 0.0   # the user's step per batch (0: data-only loop)
+    step_cpu: bool = True  # the step runs on the host CPU (no GPU)
+    cached_fetch_s: float | None = None  # a batch's fetch from the cache (None: no cache measured)
+
+
+def simulate(make: Sequence[float], workers: int, prefetch: int, main_s: float, batches: int,
+             start_s: float = 0.0) -> float:
+    """Seconds for ``batches`` batches delivered in order by ``workers`` workers (torch's
+    round-robin, at most ``prefetch`` outstanding each), a batch taking ``make[i % len]`` in its
+    worker and ``main_s`` in the consumer after it arrives; workers start after ``start_s``."""
+    if batches <= 0:
+        return start_s
+    n = len(make)
+    if workers == 0:
+        return sum(make[i % n] for i in range(batches)) + batches * main_s
+    outstanding = workers * max(1, prefetch)
+    free = [start_s] * workers       # when each worker is next free
+    consumed: list[float] = []       # when the consumer finished each batch
+    ready: dict[int, float] = {}
+    done_at = start_s
+    for i in range(batches):
+        # batch i is sent when batch i - outstanding was consumed (the first ones at once)
+        sent = start_s if i < outstanding else consumed[i - outstanding]
+        w = i % workers
+        begin = max(free[w], sent)
+        free[w] = begin + make[i % n]
+        ready[i] = free[w]
+        take = max(ready.pop(i), done_at)
+        done_at = take + main_s
+        consumed.append(done_at)
+    return done_at
+
+
+def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, float]:
+    """Predicted samples/s (and its parts) of ``setting`` over the workload's epochs, from the
+    ``profile`` measured for its loader kind."""
+    cores = max(1, work.cores)
+    W = setting.num_workers
+    step = work.step_s
+    base_make = list(profile.make_s) or [0.0]
+    total = 0.0
+    parts = {"start_s": 0.0}
+    for epoch in range(work.epochs):
+        make = base_make
+        if setting.cache and epoch > 0 and work.cached_fetch_s is not None:
+            # the fetch part of each batch replaced by the cache's read cost
+            make = [max(0.0, m - f + work.cached_fetch_s) for m, f in zip(base_make, profile.fetch_s or base_make)]
+        if W == 0:
+            # everything in the main thread, one after the other: no contention, no start-up
+            total += simulate(make, 0, 1, step + profile.main_cpu_s, work.batches)
+            total += profile.first_s if epoch == 0 else 0.0
+            continue
+        # uncontended per-batch times, then slowed by what W workers and the main thread ask of
+        # the cores (a fixed point: the utilizations depend on the throughput they give); only
+        # the CPU part of a batch slows, its waiting does not
+        cpu = profile.cpu_s if profile.cpu_s is not None else profile.worker_cpu_s
+        uncontended = [max(0.0, m - cpu * (1.0 - 1.0 / max(1.0, profile.contention))) for m in make]
+        main_s = profile.main_cpu_s + step
+        start = 0.0
+        if epoch == 0 or not setting.persistent_workers:
+            start = profile.start_s * max(1.0, W / max(1, profile.start_workers)) ** 0.5 if W else 0.0
+        factor = 1.0
+        t = 0.0
+        for _ in range(4):
+            slowed = [m + cpu * (factor - 1.0) for m in uncontended]
+            t = simulate(slowed, W, setting.prefetch_factor, main_s, work.batches, start)
+            busy = max(t - start, 1e-9)
+            worker_util = min(float(W), profile.worker_cpu_s * work.batches / busy)
+            main_util = min(1.0, (profile.main_cpu_s + (step if work.step_cpu else 0.0)) * work.batches / busy)
+            factor = max(1.0, (worker_util + main_util) / cores)
+        total += t
+        parts["start_s"] += start
+    samples = work.batches * work.batch_size * work.epochs
+    return {"samples_per_s": samples / total if total > 0 else 0.0, "seconds": total, **parts}
+
+
+def candidates(base: Setting, kinds: Sequence[str], cores: int, epochs: int, cacheable: bool,
+               max_workers: int | None = None) -> list[Setting]:
+    """The settings the doctor predicts: every loader kind allowed, 0..cores workers (bounded by
+    memory: ``max_workers``), prefetch 2/4/8, persistent workers over several epochs, the cache
+    where it is allowed."""
+    top = cores if max_workers is None else max(0, min(cores, max_workers))
+    out: dict[tuple, Setting] = {}
+    for kind in kinds:
+        for w in range(0, top + 1):
+            for pf in ((2, 4, 8) if w else (2,)):
+                for persistent in ((False, True) if w and epochs > 1 else (False,)):
+                    for cache in ((False, True) if cacheable else (False,)):
+                        s = Setting(kind, w, pf, persistent, cache)
+                        out.setdefault(s.key(), s)
+    out.setdefault(base.key(), base)
+    return list(out.values())
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b) if b else 0
+
+
+def batches_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    return n // batch_size if drop_last else ceil_div(n, batch_size)
+
+
+__all__ = ["Profile", "Setting", "Workload", "simulate", "predict", "candidates", "batches_per_epoch"]
