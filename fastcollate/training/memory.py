@@ -43,32 +43,11 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def available_bytes() -> int:
-    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit_path) as f:
-                raw = f.read().strip()
-            with open(usage_path) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if raw.isdigit() and int(raw) < 1 << 60:
-            avail = min(avail, max(0, int(raw) - usage))
-        break
-    return avail
+    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit (the
+    sample cache's own measure of it)."""
+    from ..data.cache import memory_available
+
+    return memory_available()
 
 
 def worker_pids(iterator: object) -> list[int]:
