@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import fastcollate
+from fastcollate.data.arrow_table import COMBINE_BYTES
 from fastcollate.data.columnar import ColumnarCollator
 from fastcollate.data.hf import ArrowDataError
 from fastcollate.device.transport import find_arena
@@ -107,20 +108,26 @@ def _table(rng, rows, ragged):
     return pa.table(cols)
 
 
-def _viewable(table, name, padded=(), converted=()):
-    """The rule, written independently: one non-empty chunk, rows of one shape as stored (numbers,
-    fixed-size lists, tensor columns), no bools, not padded, not converted."""
+def _placement(table, name, padded=(), converted=()):
+    """Where the rule, written independently, puts a column: "table" (a view of the table's own
+    buffer: one non-empty chunk of rows of one shape as stored -- numbers, fixed-size lists,
+    tensor columns -- no bools, not padded, not converted), "combined" (such a column in several
+    chunks small enough for Arrow to combine them: a view of Arrow's combined buffer), else
+    "arena"."""
     col = table.column(name)
     typ = col.type
     leaf = typ.storage_type if isinstance(typ, pa.BaseExtensionType) else typ
+    fixed = True
     if pa.types.is_list(leaf) or pa.types.is_large_list(leaf):
-        if not isinstance(typ, pa.BaseExtensionType):  # a plain list column: stacked or padded, copied
-            return False
+        fixed = isinstance(typ, pa.BaseExtensionType)  # a plain list column: stacked or padded, copied
         leaf = leaf.value_type
     while pa.types.is_fixed_size_list(leaf):
         leaf = leaf.value_type
-    return (sum(1 for c in col.chunks if len(c)) == 1 and not pa.types.is_boolean(leaf) and name not in padded
-            and name not in converted)
+    if not fixed or pa.types.is_boolean(leaf) or name in padded or name in converted:
+        return "arena"
+    if col.num_chunks > 1 and col.nbytes < COMBINE_BYTES * col.num_chunks:
+        return "combined"
+    return "table" if sum(1 for c in col.chunks if len(c)) == 1 else "arena"
 
 
 def _shares(t, col):
@@ -134,12 +141,15 @@ def _shares(t, col):
 
 
 def _check_placement(got, table, **kw):
-    """Views exactly where the rule says, of the column's own buffer; everything else one arena."""
-    for name in table.column_names:
-        if name in got:
-            assert _shares(got[name], table.column(name)) == _viewable(table, name, **kw), name
-    rest = {k: v for k, v in got.items() if k not in table.column_names or not _viewable(table, k, **kw)}
+    """Views exactly where the rule says, of the column's own buffer or of Arrow's combination of
+    its chunks; everything else one arena."""
+    where = {name: _placement(table, name, **kw) for name in table.column_names if name in got}
+    for name, place in where.items():
+        assert _shares(got[name], table.column(name)) == (place == "table"), (name, place)
+    rest = {k: v for k, v in got.items() if where.get(k, "arena") == "arena"}
     assert not rest or find_arena(rest) is not None
+    arena = find_arena(rest)[0].data_ptr() if rest else None
+    assert all(got[k].untyped_storage().data_ptr() != arena for k, p in where.items() if p == "combined")
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -360,7 +370,7 @@ def test_only_the_adapter_imports_ray_at_module_level():
                     if node in tree.body:
                         top.add(rel)
     assert top == {"ray.py"}  # everything else imports ray inside a function: the benchmarks that run Ray
-    assert anywhere <= {"ray.py", os.path.join("_bench", "engines.py"), os.path.join("_bench", "peers.py")}
+    assert anywhere <= {"ray.py", os.path.join("_bench", "engines.py"), os.path.join("_bench", "ray_peer.py")}
 
 
 def test_import_fastcollate_never_imports_ray():
@@ -430,8 +440,9 @@ def test_views_hold_the_arrow_memory_until_dropped():
 def test_what_is_never_a_view():
     rng = np.random.default_rng(5)
     vals = pa.array(_values(rng, np.int32, 20))
+    big = pa.array(_values(rng, np.int32, 600_000))  # 2.4 MB: chunks of 1.2 MB are gathered as they are
     cases = {
-        "two chunks": (pa.table({"a": pa.chunked_array([vals.slice(0, 10), vals.slice(10)])}), {}),
+        "two big chunks": (pa.table({"a": pa.chunked_array([big.slice(0, 300_000), big.slice(300_000)])}), {}),
         "bools": (pa.table({"a": pa.array(_values(rng, np.bool_, 20))}), {}),
         "converted": (pa.table({"a": vals}), dict(dtypes=torch.int64)),
         "padded": (pa.table({"a": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.int32, 40)), 2)}),
@@ -442,10 +453,17 @@ def test_what_is_never_a_view():
         got = ColumnarCollator(**kw).arrow(table)
         assert not _shares(got["a"], table.column("a")), what
         assert find_arena(got) is not None, what
-    # an empty chunk beside the one holding the rows does not stop the view
-    table = pa.table({"a": pa.chunked_array([vals.slice(0, 0), vals.slice(2, 9), vals.slice(5, 0)])})
+        if "pad" not in kw:
+            assert_same(got["a"], _as_tensor(_column_numpy(table.column("a"))).to(kw.get("dtypes", got["a"].dtype)), what)
+    # two small chunks: combined by Arrow, then that combination handed out (not the table's memory)
+    table = pa.table({"a": pa.chunked_array([vals.slice(0, 10), vals.slice(10)])})
     got = ColumnarCollator().arrow(table)
-    assert _shares(got["a"], table.column("a")) and got["a"].tolist() == vals.slice(2, 9).to_pylist()
+    assert _placement(table, "a") == "combined" and got["a"].tolist() == vals.to_pylist()
+    # an empty chunk beside a large one holding the rows does not stop the view
+    table = pa.table({"a": pa.chunked_array([big.slice(0, 0), big.slice(2)])})
+    got = ColumnarCollator().arrow(table)
+    assert _placement(table, "a") == "table" and _shares(got["a"], table.column("a"))
+    assert got["a"][-1].item() == big[-1].as_py()
     # a column named in pad that holds numbers is still refused, view or not
     with pytest.raises(TypeError, match=r"padded column 'a' holds one number per row"):
         ColumnarCollator(pad={"a": 0}).arrow(pa.table({"a": vals}))
