@@ -260,15 +260,30 @@ def test_pickled_collate_objects_work():
             assert type(again) is type(c) and repr(again) == repr(c)
 
 
-def test_bench_engines_runs_and_checks_its_outputs_equal():
-    # `fastcollate bench --engines`, the smallest run: the table's code path, outputs compared first
+def test_bench_engines_runs_and_checks_its_outputs_equal(tmp_path):
+    # `fastcollate bench --engines --quick`: the tables' code path on four kinds of column (views,
+    # padding into the arena, fixed-size lists and bools, many small chunks), outputs compared first;
+    # no timing is asserted
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    kinds = ["columns", "lists", "tokens", "chunks"]  # in the tables' order
+    out = tmp_path / "engines.json"
     r = subprocess.run([sys.executable, "-m", "fastcollate", "bench", "--engines", "--quick", "--workloads",
-                        "columns,tokens"], capture_output=True, text=True, timeout=300, env=env)
+                        ",".join(kinds), "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| (")]
-    assert len(rows) == 4 and all(line.rstrip(" |").endswith("True") for line in rows), r.stdout
+    import json
+
+    result = json.loads(out.read_text())["engines"]
+    for table in ("collate", "epochs"):
+        rows = result[table]
+        assert [row["workload"] for row in rows] == kinds, rows
+        assert all(row["equal"] is True and row["speedup"] > 0 for row in rows), rows
+    views = {row["workload"]: (row["ray_views"], row["ours_views"]) for row in result["collate"]}
+    assert views["columns"] == (17, 17) and views["lists"] == (1, 2)  # zero-copy where Ray is, and the lists too
+    assert all(row["batches"] == 3 for row in result["epochs"])
+    for kind in kinds:  # each row printed in both tables
+        label = next(row["description"] for row in result["collate"] if row["workload"] == kind)
+        assert r.stdout.count(f"| {label}") == 2, r.stdout
 
 
 def test_torch_trainer_two_workers_from_dataset_shards(tmp_path):
