@@ -58,10 +58,12 @@ class ArrowCollate(_Options, ArrowBatchCollateFn):
     and the other columns (several chunks, bools, padded, converted) are copied into one arena.
 
     Shared memory: a zero-copy tensor keeps its Arrow buffer alive (valid after the batch is
-    dropped) and no later batch writes into it, but it is writable in torch while the memory is
-    Ray's object store's (Ray's default views are the same): ``clone()`` it before writing in
-    place, or pass ``zero_copy=False``. No warning is raised for the read-only memory (the view
-    is made through DLPack).
+    dropped) and no later batch writes into it, but torch has no read-only tensors: writing into
+    it in place (``x.sub_(mean)``, ``x[i] = ...``) writes into Ray's block in the object store,
+    and later epochs of a materialized dataset read the written values -- exactly as with Ray's
+    default collate, whose views are the same. ``clone()`` before writing in place, or pass
+    ``zero_copy=False`` (every column copied into the arena, as before). No warning is raised
+    for the read-only memory (the view is made through DLPack; Ray silences torch's).
 
     Columns: numbers, fixed-size lists (nested too), fixed-shape tensor columns (Ray's tensor
     extension, Arrow's ``fixed_shape_tensor``) and lists of those; any number of chunks, sliced

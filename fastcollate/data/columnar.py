@@ -30,8 +30,9 @@ moves in one host-to-device copy) or ``zero_copy=False``, every column goes into
 Such a view shares memory with the batch it came from: it holds that memory alive (a view stays
 valid after the table or array is dropped) and is never written by a later batch (Arrow buffers
 are immutable; each batch has its own), but torch has no read-only tensors -- like Ray's own
-views, it is writable although the memory may be the object store's: ``clone()`` before writing
-into it in place, or pass ``zero_copy=False``. Measured on the CPU (``fastcollate bench
+views, it is writable although the memory may be the object store's, and a write in place
+reaches the block that later epochs read: ``clone()`` before writing into it in place, or pass
+``zero_copy=False``. Measured on the CPU (``fastcollate bench
 --engines``): a view costs a few microseconds per column whatever its size, a copy the gather's
 per-column planning plus the bytes, so the view wins for every column it applies to, many small
 columns included; the arena pays where the batch goes on to a GPU.

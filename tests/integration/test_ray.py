@@ -190,6 +190,19 @@ def test_numpy_collate_equals_rays_numpy_conversion():
     _same_batches(got, [_pad_reference(b, kw) for b in padded.iter_batches(batch_size=8, batch_format="numpy")])
 
 
+def test_writing_in_place_reaches_rays_block_exactly_as_with_rays_default():
+    # the documented sharing: views of Ray's block, written through as Ray's default's are;
+    # zero_copy=False copies, and the block stays as it was
+    for collate, shared in ((None, True), (ArrowCollate(), True), (ArrowCollate(zero_copy=False), False)):
+        ds = ray.data.from_numpy(np.arange(64, dtype=np.int64).reshape(16, 4)).materialize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            first = next(iter(ds.iter_torch_batches(batch_size=8, collate_fn=collate)))
+            first["data"][0, 0] = 999
+            again = next(iter(ds.iter_torch_batches(batch_size=8, collate_fn=collate)))
+        assert (again["data"][0, 0].item() == 999) is shared, collate
+
+
 def test_bad_columns_are_refused_with_the_column_named():
     rows = [{"a": i, "s": f"row {i}", "n": None if i == 3 else i, "ids": list(range(i % 3 + 1))} for i in range(8)]
     ds = ray.data.from_items(rows)
