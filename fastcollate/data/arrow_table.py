@@ -12,10 +12,13 @@ what the lengths say, offsets that stay within the values) before anything is re
 and the offsets it returns are the ones the rows are read with. Nulls, strings, nested
 variable lists, variable-shaped tensors and every other type are refused with the column named.
 
-A column in several chunks averaging under :data:`COMBINE_BYTES` is first validated by Arrow
-(``validate(full=True)``) and combined into one chunk by Arrow (one copy in C++, as Ray's default
-collate combines every chunked column): reading many small chunks one by one costs more Python
-than the copy. Larger chunks are read one by one, straight into the arena.
+A column in several chunks is first validated by Arrow (``validate(full=True)``) and combined
+into one chunk by Arrow (one copy in C++, as Ray's default collate combines every chunked column)
+when its chunks average under :data:`COMBINE_BYTES` (reading many small chunks one by one costs
+more Python than the copy) or when it is to be a view (unpinned, rows of one shape: the batch
+tensor is one contiguous buffer either way, and this is the very copy Ray's default makes).
+Otherwise -- large chunks going to the (pinned) arena -- the chunks are read one by one, straight
+into the arena: one copy, not two.
 
 Zero-copy: asked for it (``view=``), a column whose rows lie contiguous in one Arrow buffer --
 one non-empty chunk (sliced or not) of numbers other than bools, of fixed-size lists of them, or
@@ -239,7 +242,9 @@ def _column(column: Any, layout: _Layout, view: bool = False) -> BatchColumn:
         combine = len(column) * layout.row_bytes < COMBINE_BYTES * k
     else:
         combine = k > 1 and column.get_total_buffer_size() < COMBINE_LIST_BYTES * k
-    combined = _combined(column) if combine else None
+    # a view wanted (unpinned: the CPU) of rows in several chunks: one contiguous buffer either way,
+    # and Arrow's concatenation is Ray's default's one copy -- never more work than it, whatever the size
+    combined = _combined(column) if combine or view and k > 1 else None
     if combined is not None:  # one chunk, made by Arrow (after Arrow's full validation)
         col = _read([combined], layout, view)
         col.keep.append(combined)  # the addresses point into it (a view holds it by itself)
