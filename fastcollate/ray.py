@@ -3,8 +3,9 @@ a batch into a dict of tensors. Feeding a GPU (``pin_memory=True``), the batch i
 arena -- the copies in C++ with the GIL released, padding included -- that
 :class:`fastcollate.CudaPrefetcher` moves in one copy. On the CPU (unpinned), the columns Ray's
 default collate hands out zero-copy (numbers, tensor columns in one chunk) are handed out
-zero-copy here too, sharing the Arrow buffers, and only the rest (padding, several chunks,
-conversions, bools) is copied into one arena: never more copying than Ray's default.
+zero-copy here too, sharing the Arrow buffers; such columns in several chunks are combined by
+Arrow (the one copy Ray's default makes) and handed out; only the rest (padding, conversions,
+bools) is copied into one arena: never more copying than Ray's default.
 
 This is the only module of fastcollate that imports ``ray`` (``import fastcollate`` never does);
 the work is fastcollate.data.columnar's (Ray-free).
@@ -54,8 +55,11 @@ class ArrowCollate(_Options, ArrowBatchCollateFn):
     or ``zero_copy=False``, every tensor a view of one arena (pinned where CUDA is available);
     unpinned (the default), a column whose rows lie contiguous in one Arrow buffer -- one
     non-empty chunk of numbers (not bools), fixed-size lists or a fixed-shape tensor column -- is
-    a tensor sharing that buffer, as Ray's default collate hands out numbers and tensor columns,
-    and the other columns (several chunks, bools, padded, converted) are copied into one arena.
+    a tensor sharing that buffer, as Ray's default collate hands out numbers and tensor columns;
+    such a column in several chunks is combined by Arrow (as Ray's default does) and that one
+    buffer handed out; the other columns (bools, lists, padded, converted) are copied into one
+    arena. Any column in many small chunks is combined by Arrow before it is read (see
+    fastcollate.data.arrow_table).
 
     Shared memory: a zero-copy tensor keeps its Arrow buffer alive (valid after the batch is
     dropped) and no later batch writes into it, but torch has no read-only tensors: writing into

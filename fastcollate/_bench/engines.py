@@ -332,7 +332,7 @@ NOTES = ("Ray default: iter_torch_batches without a collate_fn (DefaultCollateFn
          "tokens: Ray's numpy rows + pad_sequence + a mask, since Ray's default cannot pad; pinned: then "
          "pin_tensors_to_memory, as iter_torch_batches(pin_memory=True) does) vs "
          "fastcollate.ray.ArrowCollate(pin_memory=...). Unpinned, both hand out a column whose rows lie in one "
-         "Arrow buffer as a zero-copy view of it (ArrowCollate also for fixed-size lists); small chunks are "
-         "combined by Arrow first (both), then viewed; ArrowCollate copies the rest -- large chunks, bools, "
-         "padding -- into one arena with its threads, where Ray concatenates the chunks and converts through numpy. Pinned, ArrowCollate copies everything into one pinned arena, which "
+         "Arrow buffer as a zero-copy view of it (ArrowCollate also for fixed-size lists), and such a column in "
+         "several chunks after Arrow has combined them (both); ArrowCollate copies the rest -- bools, padding -- "
+         "into one arena with its threads, where Ray converts through numpy. Pinned, ArrowCollate copies everything into one pinned arena, which "
          "CudaPrefetcher moves in one H2D copy.")
