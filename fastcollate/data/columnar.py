@@ -160,6 +160,9 @@ class ColumnarCollator:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_reader": None}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"zero_copy": True, **state})  # pickled before zero_copy existed: its default
+
     def __repr__(self) -> str:
         pad = "" if self.spec is None else f"pad={dict(self.spec.values)}, "
         return (f"{type(self).__name__}({pad}dtypes={self.dtypes}, pin_memory={self.pin_memory}, "
