@@ -331,8 +331,8 @@ def format_epochs(rows: list[dict[str, Any]]) -> str:
 NOTES = ("Ray default: iter_torch_batches without a collate_fn (DefaultCollateFn(combine_chunks=True) on the CPU; "
          "tokens: Ray's numpy rows + pad_sequence + a mask, since Ray's default cannot pad; pinned: then "
          "pin_tensors_to_memory, as iter_torch_batches(pin_memory=True) does) vs "
-         "fastcollate.ray.ArrowCollate(pin_memory=...). Unpinned, both hand out a column whose rows lie in one "
-         "Arrow buffer as a zero-copy view of it (ArrowCollate also for fixed-size lists), and such a column in "
-         "several chunks after Arrow has combined them (both); ArrowCollate copies the rest -- bools, padding -- "
-         "into one arena with its threads, where Ray converts through numpy. Pinned, ArrowCollate copies everything into one pinned arena, which "
-         "CudaPrefetcher moves in one H2D copy.")
+         "fastcollate.ray.ArrowCollate(pin_memory=...). Unpinned, both hand out a column whose rows lie in one Arrow "
+         "buffer as a zero-copy view of it (ArrowCollate also for fixed-size lists), and such a column in several "
+         "chunks after Arrow has combined them (both); ArrowCollate copies the rest -- bools, padding -- into one "
+         "arena with its threads, where Ray converts through numpy. Pinned, ArrowCollate copies everything into one "
+         "pinned arena, which CudaPrefetcher moves in one H2D copy.")

@@ -23,10 +23,11 @@ are the batch tensor's bytes -- one contiguous run of one buffer (an Arrow colum
 non-empty chunk, sliced or not, of numbers other than bools, fixed-size lists or a fixed-shape
 tensor column, no nulls; a C-contiguous numeric numpy column), not padded, not converted -- is
 handed out as a tensor sharing that memory (what Ray's default collate does for numbers and
-tensor columns: ``torch.as_tensor`` of a zero-copy numpy view) -- an Arrow column of such rows in
-several chunks first combined into one buffer by Arrow, the copy Ray's default makes too
-(fastcollate.data.arrow_table); every other column is copied into the batch's one arena. Pinned (``pin_memory=True``: a GPU target, where one pinned arena
-moves in one host-to-device copy) or ``zero_copy=False``, every column goes into the arena.
+tensor columns: ``torch.as_tensor`` of a zero-copy numpy view) -- an Arrow column of such rows
+in several chunks first combined into one buffer by Arrow, the copy Ray's default makes too
+(fastcollate.data.arrow_table); every other column is copied into the batch's one arena. Pinned
+(``pin_memory=True``: a GPU target, where one pinned arena moves in one host-to-device copy) or
+``zero_copy=False``, every column goes into the arena.
 
 Such a view shares memory with the batch it came from: it holds that memory alive (a view stays
 valid after the table or array is dropped) and is never written by a later batch (Arrow buffers
