@@ -1,14 +1,16 @@
 """Ray Data feeding a Ray Train ``TorchTrainer`` through fastcollate: each worker reads its
 shard with ``iter_torch_batches(collate_fn=fastcollate.ray.ArrowCollate(...), device="cpu")`` --
-every batch one arena, token lists padded with a mask -- and ``fastcollate.CudaPrefetcher``
-moves it to the worker's device (one copy per batch on a GPU; on the CPU it passes through).
+token lists padded with a mask; with CUDA every batch one pinned arena, on the CPU the number
+columns zero-copy views of Ray's batch and what is copied one arena -- and
+``fastcollate.CudaPrefetcher`` moves it to the worker's device (one copy per batch on a GPU; on
+the CPU it passes through).
 
     python examples/ray_train.py                 # a local cluster, 2 workers, CPU (GPUs when there are)
     python examples/ray_train.py --workers 2 --epochs 2 --out /tmp/ray_train
 
 It checks its own claims and exits 1 if one fails: every row trained on exactly once per
-epoch across the workers, every batch one arena on the host (one copy per batch on a GPU), the
-parameters identical on every worker after training.
+epoch across the workers, every batch's copied columns one arena on the host (one copy per batch
+on a GPU), the parameters identical on every worker after training.
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ def train_loop(config: dict) -> None:
     model = ray.train.torch.prepare_model(Model())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     # pad the token lists (mask and lengths made in the same arena); pin the arena where there is CUDA
+    # (then every column is in it); unpinned, the columns Ray hands out zero-copy are views here too
     collate = ArrowCollate(pad={"ids": 0}, pad_to_multiple_of=8, pin_memory="auto")
     seen, losses, arenas, batches = [], [], 0, 0
     stats = {}
@@ -72,8 +75,8 @@ def train_loop(config: dict) -> None:
         total = torch.zeros((), device=device)
         with fastcollate.CudaPrefetcher(host, device=device) as prefetcher:
             for batch in prefetcher:
-                if device.type == "cpu":
-                    arenas += find_arena(batch) is not None  # the batch as the collate made it
+                if device.type == "cpu":  # the batch as the collate made it: the padding and its mask one arena
+                    arenas += find_arena({k: batch[k] for k in ("ids", "attention_mask")}) is not None
                 batches += 1
                 loss = torch.nn.functional.mse_loss(model(batch), batch["y"].float())
                 opt.zero_grad()

@@ -217,7 +217,7 @@ def _engines(args: argparse.Namespace) -> int:
         raise CliError(f"--engines needs Ray Data ({', '.join(missing)} missing): pip install 'fastcollate[ray]'")
     from ._bench import engines
 
-    names = ("features", "columns", "tokens", "images")
+    names = engines.NAMES
     only = args.workloads.split(",") if args.workloads else None
     bad = [n for n in only or () if n not in names]
     if bad:
@@ -228,9 +228,9 @@ def _engines(args: argparse.Namespace) -> int:
     print("distributed engines, the collate call alone (Ray Data's batches: pyarrow Tables; medians of "
           f"{rounds} interleaved rounds):")
     print(engines.format_collate(collate_rows))
-    epoch_rows = engines.run_epochs(batches=3 if args.quick else 8, rounds=1 if args.quick else min(rounds, 3),
+    epoch_rows = engines.run_epochs(batches=3 if args.quick else 16, rounds=1 if args.quick else rounds,
                                     only=only, progress=_progress)
-    print("\nthe whole iter_torch_batches epoch, Ray's streaming executor included (materialized dataset):")
+    print("\nthe whole iter_torch_batches epoch on the CPU, Ray's iterator included (materialized dataset):")
     print(engines.format_epochs(epoch_rows))
     print(engines.NOTES)
     if args.json:

@@ -1,12 +1,16 @@
 """The columnar collate (fastcollate.data.columnar, arrow_table): pyarrow Tables and numpy dicts
--> one arena, without Ray. Unpadded columns against ``torch.as_tensor`` of the column as numpy
+-> tensors, without Ray. Unpadded columns against ``torch.as_tensor`` of the column as numpy
 (Ray's default collate's rule, compared with Ray itself in tests/integration/test_ray.py); padded
 columns against the padding reference on the rows as numpy arrays; bad input refused with the
-column named."""
+column named. Where each column goes: unpinned, the columns whose rows lie in one buffer as they
+are are zero-copy views of it (valid after the next batch and after the table is dropped), the
+rest one arena; ``zero_copy=False``, all of it one arena."""
 from __future__ import annotations
 
+import gc
 import pickle
 import subprocess
+import warnings
 import sys
 
 import numpy as np
@@ -14,6 +18,7 @@ import pytest
 import torch
 
 import fastcollate
+from fastcollate.data.arrow_table import COMBINE_BYTES
 from fastcollate.data.columnar import ColumnarCollator
 from fastcollate.data.hf import ArrowDataError
 from fastcollate.device.transport import find_arena
@@ -103,14 +108,63 @@ def _table(rng, rows, ragged):
     return pa.table(cols)
 
 
+def _placement(table, name, padded=(), converted=()):
+    """Where the rule, written independently, puts a column: "table" (a view of the table's own
+    buffer: one non-empty chunk of rows of one shape as stored -- numbers, fixed-size lists,
+    tensor columns -- no bools, not padded, not converted), "combined" (such a column in several
+    chunks small enough for Arrow to combine them: a view of Arrow's combined buffer), else
+    "arena"."""
+    col = table.column(name)
+    typ = col.type
+    leaf = typ.storage_type if isinstance(typ, pa.BaseExtensionType) else typ
+    fixed = True
+    if pa.types.is_list(leaf) or pa.types.is_large_list(leaf):
+        fixed = isinstance(typ, pa.BaseExtensionType)  # a plain list column: stacked or padded, copied
+        leaf = leaf.value_type
+    while pa.types.is_fixed_size_list(leaf):
+        leaf = leaf.value_type
+    if not fixed or pa.types.is_boolean(leaf) or name in padded or name in converted:
+        return "arena"
+    if col.num_chunks > 1:  # several chunks, rows of one shape, a view wanted: Arrow combines them
+        return "combined"
+    return "table" if len(col) else "arena"
+
+
+def _shares(t, col):
+    """Whether tensor ``t`` starts inside one of the column's Arrow buffers."""
+    p = t.data_ptr()
+    for chunk in col.chunks:
+        arr = chunk.storage if isinstance(chunk.type, pa.BaseExtensionType) else chunk
+        if any(b is not None and b.address <= p < b.address + b.size for b in arr.buffers()):
+            return True
+    return False
+
+
+def _check_placement(got, table, **kw):
+    """Views exactly where the rule says, of the column's own buffer or of Arrow's combination of
+    its chunks; everything else one arena."""
+    where = {name: _placement(table, name, **kw) for name in table.column_names if name in got}
+    for name, place in where.items():
+        assert _shares(got[name], table.column(name)) == (place == "table"), (name, place)
+    rest = {k: v for k, v in got.items() if where.get(k, "arena") == "arena"}
+    assert not rest or find_arena(rest) is not None
+    arena = find_arena(rest)[0].data_ptr() if rest else None
+    assert all(got[k].untyped_storage().data_ptr() != arena for k, p in where.items() if p == "combined")
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_unpadded_columns_equal_as_tensor_of_numpy(seed):
     rng = np.random.default_rng(seed)
     table = _chunked(_table(rng, int(rng.integers(1, 40)), ragged=False), rng)
+    if rng.random() < 0.5:  # one chunk, sliced or not: what the views are for
+        table = table.combine_chunks().slice(int(rng.integers(0, 2)))
     want = {name: _as_tensor(_column_numpy(table.column(name))) for name in table.column_names}
     got = ColumnarCollator().arrow(table)
     assert_same(got, want)
-    assert find_arena(got) is not None
+    _check_placement(got, table)
+    copied = ColumnarCollator(zero_copy=False).arrow(table)
+    assert_same(copied, want)
+    assert find_arena(copied) is not None
 
 
 def _reference(table, **kw):
@@ -140,9 +194,12 @@ def test_padded_columns_equal_the_padding_reference(seed):
               lengths_key=["n", None][int(rng.integers(2))], mask_dtype=[torch.int64, torch.bool][int(rng.integers(2))])
     if rng.random() < 0.3:
         kw["max_length"] = 4
+    if rng.random() < 0.5:
+        table = table.combine_chunks()
     got = ColumnarCollator(**kw).arrow(table)
     assert_same(got, _reference(table, **kw))
-    assert find_arena(got) is not None
+    _check_placement(got, table, padded=kw["pad"])
+    assert find_arena(ColumnarCollator(zero_copy=False, **kw).arrow(table)) is not None
 
 
 def test_number_columns_share_one_job_and_stay_aligned():
@@ -154,14 +211,17 @@ def test_number_columns_share_one_job_and_stay_aligned():
                      "v": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.uint8, rows * 3)), 3),
                      "w": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.uint8, rows * 3)), 3)})
         table = pa.table(cols)
-        for c in (ColumnarCollator(), ColumnarCollator(dtypes={"f1": torch.float64, "b1": torch.float32})):
-            got = c.arrow(table)
+        for dtypes in (None, {"f1": torch.float64, "b1": torch.float32}):
             want = {n: torch.as_tensor(_column_numpy(table.column(n))) for n in table.column_names}
-            for k, d in (c.dtypes or {}).items():
+            for k, d in (dtypes or {}).items():
                 want[k] = want[k].to(d)
+            got = ColumnarCollator(dtypes=dtypes, zero_copy=False).arrow(table)
             assert_same(got, want)
             assert all(t.data_ptr() % 64 == 0 for t in got.values())  # every leaf 64-byte aligned, as the arena's
             assert find_arena(got) is not None
+            got = ColumnarCollator(dtypes=dtypes).arrow(table)  # the number columns views, bools and f1 copied
+            assert_same(got, want)
+            _check_placement(got, table, converted=list(dtypes or {}))
 
 
 def test_tokenizer_columns_padded_when_present_and_dtypes_after_padding():
@@ -250,9 +310,12 @@ def test_numpy_batches():
     batch = {"x": _values(rng, np.float32, 24).reshape(8, 3)[:, ::-1],  # rows not contiguous: copied first
              "img": _values(rng, np.uint8, 8 * 12).reshape(8, 3, 2, 2), "y": _values(rng, np.int64, 8),
              "b": _values(rng, np.bool_, 8), "be": _values(rng, np.int32, 8).astype(">i4")}
-    got = ColumnarCollator().numpy({k: v for k, v in batch.items() if k != "be"})
+    got = ColumnarCollator(zero_copy=False).numpy({k: v for k, v in batch.items() if k != "be"})
     assert_same(got, {k: torch.as_tensor(v.copy()) for k, v in batch.items() if k != "be"})
     assert find_arena(got) is not None
+    got = ColumnarCollator().numpy({k: v for k, v in batch.items() if k != "be"})  # contiguous columns: shared
+    assert_same(got, {k: torch.as_tensor(v.copy()) for k, v in batch.items() if k != "be"})
+    assert [k for k in got if np.shares_memory(got[k].numpy(), batch[k])] == ["img", "y", "b"]
     assert ColumnarCollator().numpy({"be": batch["be"]})["be"].tolist() == batch["be"].tolist()
     ragged = np.empty(8, dtype=object)
     ragged[:] = [_values(rng, np.int32, int(k)) for k in rng.integers(0, 6, 8)]
@@ -307,7 +370,7 @@ def test_only_the_adapter_imports_ray_at_module_level():
                     if node in tree.body:
                         top.add(rel)
     assert top == {"ray.py"}  # everything else imports ray inside a function: the benchmarks that run Ray
-    assert anywhere <= {"ray.py", os.path.join("_bench", "engines.py"), os.path.join("_bench", "peers.py")}
+    assert anywhere <= {"ray.py", os.path.join("_bench", "engines.py"), os.path.join("_bench", "ray_peer.py")}
 
 
 def test_import_fastcollate_never_imports_ray():
@@ -323,3 +386,138 @@ def test_import_fastcollate_never_imports_ray():
         assert "No module named 'ray'" in out.stderr
     else:
         assert out.stdout.strip() == "fastcollate.ray", out.stderr[-2000:]
+
+
+def _fresh_table(seed, rows=64):
+    """A table whose every buffer is its own, read-only (pa.py_buffer of bytes): as Ray's object
+    store hands them out."""
+    rng = np.random.default_rng(seed)
+
+    def numbers(dtype, n):
+        return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), n, [None, pa.py_buffer(_values(rng, dtype, n).tobytes())])
+
+    img = pa.FixedShapeTensorArray.from_storage(pa.fixed_shape_tensor(pa.uint8(), (3, 4, 4)),
+                                                pa.FixedSizeListArray.from_arrays(numbers(np.uint8, rows * 48), 48))
+    return pa.table({"img": img, "x": pa.FixedSizeListArray.from_arrays(numbers(np.float32, rows * 5), 5),
+                     "y": numbers(np.int64, rows), "w": numbers(np.float16, rows)})
+
+
+def test_views_outlive_the_next_batch_and_the_table_and_raise_no_warning():
+    c = ColumnarCollator()
+    table = _fresh_table(0)
+    assert not table.column("y").chunks[0].buffers()[1].is_mutable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not writable" warning for read-only Arrow memory
+        first = c.arrow(table.slice(3, 40))
+    want = {k: v.clone() for k, v in first.items()}
+    _check_placement(first, table.slice(3, 40))
+    held = pa.total_allocated_bytes()
+    second = c.arrow(_fresh_table(1))  # a later batch: new buffers, nothing written into the first's
+    assert_same(first, want)
+    del table, second
+    gc.collect()
+    assert_same(first, want)  # the views hold their buffers: still the values, after the table is gone
+    assert pa.total_allocated_bytes() <= held
+    del first
+    gc.collect()
+
+
+def test_views_hold_the_arrow_memory_until_dropped():
+    gc.collect()
+    base = pa.total_allocated_bytes()
+    table = pa.table({"x": pc.add(pa.array(np.arange(1 << 18, dtype=np.int64)), 0)})  # 2 MiB from Arrow's pool
+    out = ColumnarCollator().arrow(table)
+    assert _shares(out["x"], table.column("x"))
+    del table
+    gc.collect()
+    assert pa.total_allocated_bytes() - base >= 8 << 18  # kept by the view
+    assert out["x"][-1].item() == (1 << 18) - 1
+    del out
+    gc.collect()
+    assert pa.total_allocated_bytes() - base < 8 << 18  # and released with it
+
+
+def test_what_is_never_a_view():
+    rng = np.random.default_rng(5)
+    vals = pa.array(_values(rng, np.int32, 20))
+    big = pa.array(_values(rng, np.int32, 600_000))  # 2.4 MB: chunks of 1.2 MB are gathered as they are
+    cases = {
+        # going to the arena (pinned, or zero_copy=False), large chunks are gathered into it as they are
+        "two big chunks, arena": (pa.table({"a": pa.chunked_array([big.slice(0, 300_000), big.slice(300_000)])}),
+                                  dict(zero_copy=False)),
+        "bools": (pa.table({"a": pa.array(_values(rng, np.bool_, 20))}), {}),
+        "converted": (pa.table({"a": vals}), dict(dtypes=torch.int64)),
+        "padded": (pa.table({"a": pa.FixedSizeListArray.from_arrays(pa.array(_values(rng, np.int32, 40)), 2)}),
+                   dict(pad={"a": 0})),
+        "lists of one length": (pa.table({"a": pa.array([[1, 2]] * 5)}), {}),
+    }
+    for what, (table, kw) in cases.items():
+        got = ColumnarCollator(**kw).arrow(table)
+        assert not _shares(got["a"], table.column("a")), what
+        assert find_arena(got) is not None, what
+        if "pad" not in kw:
+            assert_same(got["a"], _as_tensor(_column_numpy(table.column("a"))).to(kw.get("dtypes", got["a"].dtype)), what)
+    # several chunks, small or large, unpinned: combined by Arrow (the copy Ray's default makes),
+    # then that combination handed out (not the table's memory, not an arena)
+    for chunks in ([vals.slice(0, 10), vals.slice(10)], [big.slice(0, 300_000), big.slice(300_000)]):
+        table = pa.table({"a": pa.chunked_array(chunks)})
+        got = ColumnarCollator().arrow(table)
+        assert _placement(table, "a") == "combined" and not _shares(got["a"], table.column("a"))
+        assert_same(got["a"], _as_tensor(_column_numpy(table.column("a"))))
+    # a column named in pad that holds numbers is still refused, view or not
+    with pytest.raises(TypeError, match=r"padded column 'a' holds one number per row"):
+        ColumnarCollator(pad={"a": 0}).arrow(pa.table({"a": vals}))
+
+
+class _RayLikeTensor(pa.ExtensionType):
+    """Ray's tensor extension as it is stored (a large list of the flat rows, named as Ray names
+    it), without importing Ray."""
+
+    def __init__(self, shape, value_type):
+        self.shape = shape
+        super().__init__(pa.large_list(value_type), "ray.data.arrow_tensor_v2")
+
+    def __arrow_ext_serialize__(self):
+        return ",".join(map(str, self.shape)).encode()
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type, serialized):
+        return cls(tuple(int(d) for d in serialized.decode().split(",")), storage_type.value_type)
+
+
+def test_views_of_ray_tensor_storage_are_checked_first():
+    raw = np.arange(0, 25, 6, dtype=np.int64)
+    vals = np.arange(24, dtype=np.float32)
+    storage = pa.Array.from_buffers(pa.large_list(pa.float32()), 4, [None, pa.py_buffer(raw)],
+                                    children=[pa.array(vals)])
+    table = pa.table({"x": pa.ExtensionArray.from_storage(_RayLikeTensor((2, 3), pa.float32()), storage)})
+    got = ColumnarCollator().arrow(table.slice(1, 2))  # a slice: its rows start mid-buffer
+    assert_same(got["x"], torch.from_numpy(vals.reshape(4, 2, 3)[1:3]).clone())
+    assert _shares(got["x"], table.column("x"))
+    raw[2] = 13  # patched after the table was built: row 1 now holds 7 values, row 2 holds 5
+    with pytest.raises(ArrowDataError, match=r"column 'x', chunk 0: tensor row 1 holds 7 values"):
+        ColumnarCollator().arrow(table)
+    with pytest.raises(ValueError, match=r"column 'a', chunk 0: 1 null"):
+        ColumnarCollator().arrow(pa.table({"a": pa.array([1, None, 3])}))
+
+
+def test_numpy_views_of_read_only_arrays_raise_no_warning():
+    arr = np.arange(12, dtype=np.float32).reshape(4, 3)
+    arr.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = ColumnarCollator().numpy({"x": arr})
+    assert np.shares_memory(out["x"].numpy(), arr) and out["x"].tolist() == arr.tolist()
+    del arr
+    gc.collect()
+    assert out["x"][3, 2].item() == 11.0  # torch.from_numpy keeps the array
+
+
+@pytest.mark.cuda
+def test_pinned_is_one_pinned_arena_whatever_the_layout():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    table = _fresh_table(2)
+    got = ColumnarCollator(pin_memory=True).arrow(table)
+    assert find_arena(got) is not None and all(t.is_pinned() for t in got.values())
+    assert not any(_shares(got[k], table.column(k)) for k in got)

@@ -1,5 +1,8 @@
 """The peers table's plumbing: every installed peer runs the padded workload and its first batch
-equals torch's (the check `bench --peers` prints as 'equal batches')."""
+equals torch's (the check `bench --peers` prints as 'equal batches'); Ray Data, where installed,
+among them, run in a process of its own and that process ended after the run."""
+import importlib.util
+
 import pytest
 
 from fastcollate._bench import peers as pb
@@ -15,3 +18,7 @@ def test_every_installed_peer_gives_torchs_batches_on_the_padded_rows():
     assert rows["torch DataLoader"]["vs_torch"] == pytest.approx(1.0)
     table = pb.format_peers(result)
     assert "fastcollate.DataLoader" in table and "| padded |" in table
+    if importlib.util.find_spec("ray") is not None and importlib.util.find_spec("pydantic") is not None:
+        assert {"Ray Data iter_torch_batches", "Ray Data + fastcollate ArrowCollate"} <= set(rows)
+        assert "run in a process of its own" in table
+        assert not pb._RAY  # its process asked to quit and waited for

@@ -4,11 +4,14 @@ torch's DataLoader, SPDL's thread pipelines, torchdata's nodes (threads and proc
 Data, nanoGPT's get_batch, Hugging Face's padding collator -- each where it applies, skipped
 (and named) where it is not installed. Samples/s of a steady epoch and the time to the first
 batch of a new loader, medians of interleaved rounds with their spread; every peer's first batch
-is first checked equal to torch's where their outputs are comparable."""
+is first checked equal to torch's where their outputs are comparable. Ray Data runs in a process
+of its own (fastcollate._bench.ray_peer: a Ray cluster here would install Ray's SIGTERM handler
+beside the other loaders' workers), its epochs interleaved with the others' rounds."""
 from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -23,7 +26,7 @@ from .._text import table_rule
 from ..core.collator import Collator, collate as fast_collate
 from ..data.arrays import TokenWindows
 from ..loader.dataloader import DataLoader
-from . import images
+from . import images, ray_peer
 from .storage import GetBatch, NaiveWindows, token_lists, usual_padding, word_tokenizer
 from .workloads import CachedSamples, small_fields
 
@@ -37,6 +40,7 @@ class Workload:
     collate: Callable[[list], Any]      # what a user of the peers collates with (torch's rule)
     ours: Callable[[int], Any]          # workers -> fastcollate's loader over its own dataset / collator
     fast: Callable[[list], Any] = fast_collate  # fastcollate's collate for the same rule (a peer's collate_fn)
+    quick: bool = False                 # built with the quick sizes (the Ray child builds the same rows)
 
 
 def build_workloads(quick: bool, tmp: str) -> list[Workload]:
@@ -53,7 +57,7 @@ def build_workloads(quick: bool, tmp: str) -> list[Workload]:
                    for ids, lab in zip(rows["input_ids"], rows["label"])]
     fields = CachedSamples(small_fields(256), 256 * (8 if quick else 32))
     pad = Collator(pad={"input_ids": 0})
-    return [
+    made = [
         Workload("images", f"image folder: {n_img} JPEGs, decode + random resized crop 224 + flip, CHW uint8",
                  img, 64, default_collate, lambda w: DataLoader(img, batch_size=64, num_workers=w,
                                                                 persistent_workers=w > 0)),
@@ -65,6 +69,9 @@ def build_workloads(quick: bool, tmp: str) -> list[Workload]:
         Workload("tabular", "17-field samples (12 small tensors, 4 floats, int, str), batch 256", fields, 256,
                  default_collate, lambda w: DataLoader(fields, batch_size=256, num_workers=w, persistent_workers=w > 0)),
     ]
+    for w in made:
+        w.quick = quick
+    return made
 
 
 # ---- the peers: each makes an iterable of batches for (workload, workers), or says why it cannot
@@ -123,11 +130,31 @@ def _hf_padding(w: Workload, n: int) -> Any:
                        persistent_workers=n > 0)
 
 
-def _ray(w: Workload, n: int) -> Any:
-    # Measured once here: with a Ray cluster started in this process, the interleaved rounds
-    # ended with the other peers' DataLoader workers killed by SIGTERM (Ray installs its own
-    # SIGTERM handler in the driver). Ray Data is compared on its own in `bench --engines`.
-    raise _Skip("runs beside the other loaders unreliably (SIGTERM reached their workers); see bench --engines")
+_RAY: dict[bool, ray_peer.RayProcess] = {}  # quick -> the Ray child, started on first use
+
+
+def _ray_process(quick: bool) -> ray_peer.RayProcess:
+    if quick not in _RAY:
+        _RAY[quick] = ray_peer.RayProcess(quick)
+    return _RAY[quick]
+
+
+def close_ray() -> None:
+    """Ends the Ray child (and its cluster), if one was started."""
+    while _RAY:
+        _RAY.popitem()[1].close()
+
+
+def _ray(peer: str) -> Callable[[Workload, int], Any]:
+    # In its own process: with a Ray cluster started in this one, the interleaved rounds ended
+    # with the other peers' DataLoader workers killed by SIGTERM (Ray's handler in the driver).
+    def make(w: Workload, n: int) -> Any:
+        process = _ray_process(w.quick)
+        answer = process.ask(op="peers", workload=w.name)
+        if "skip" in answer:
+            raise _Skip(answer["skip"])
+        return ray_peer.RemoteLoader(process, w.name, peer)
+    return make
 
 
 class _Skip(Exception):
@@ -143,9 +170,26 @@ PEERS: dict[str, Callable[[Workload, int], Any]] = {
     "torchdata.nodes processes": _nodes("process"),
     "nanoGPT get_batch": _getbatch,
     "HF DataCollatorWithPadding": _hf_padding,
-    "Ray Data iter_torch_batches": _ray,
+    ray_peer.DEFAULT: _ray(ray_peer.DEFAULT),
+    ray_peer.OURS: _ray(ray_peer.OURS),
 }
 _MODULES = {"SPDL": "spdl", "torchdata.nodes": "torchdata.nodes", "HF": "transformers", "Ray": "ray"}
+_NOT_HERE = {"ray"}  # found, never imported in this process (it runs in a child)
+
+
+def _require(mod: str) -> None:
+    """ImportError when ``mod`` is missing: imported, or only found for the peers run elsewhere."""
+    if mod in _NOT_HERE:
+        if importlib.util.find_spec(mod) is None:
+            raise ImportError(f"No module named {mod!r}", name=mod)
+        return
+    __import__(mod)
+
+
+def _first(loader: Any) -> Any:
+    if isinstance(loader, ray_peer.RemoteLoader):
+        return loader.first_batch()
+    return next(iter(loader))
 
 
 def _rows_of(batch: Any) -> int:
@@ -158,6 +202,8 @@ def _rows_of(batch: Any) -> int:
 
 
 def _epoch(iterable: Any) -> tuple[int, float, float]:
+    if isinstance(iterable, ray_peer.RemoteLoader):  # timed in its own process
+        return iterable.epoch()
     t0 = time.perf_counter()
     first, n = None, 0
     for b in iterable:
@@ -188,6 +234,14 @@ def _same(a: Any, b: Any) -> bool:
 
 def run_peers(workers: int = 2, rounds: int = 3, quick: bool = False,
               progress: Callable[[str], None] | None = None, only: list[str] | None = None) -> dict[str, Any]:
+    try:
+        return _run_peers(workers, rounds, quick, progress, only)
+    finally:
+        close_ray()
+
+
+def _run_peers(workers: int, rounds: int, quick: bool, progress: Callable[[str], None] | None,
+               only: list[str] | None) -> dict[str, Any]:
     say = progress or (lambda s: None)
     rows, skipped = [], {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,18 +253,22 @@ def run_peers(workers: int = 2, rounds: int = 3, quick: bool = False,
                 mod = next((m for p, m in _MODULES.items() if peer.startswith(p)), None)
                 try:
                     if mod is not None:
-                        __import__(mod)
+                        _require(mod)
+                    if peer.startswith("Ray"):
+                        say(f"[peers {w.name}] {peer}: in its own process")
                     make(w, workers)  # built once up front: a skip or a missing module shows here
                     makers[peer] = lambda make=make: make(w, workers)
                 except _Skip:
                     continue
                 except ImportError as exc:
                     skipped[peer] = f"not installed ({exc.name or exc})"
+                except ray_peer.RayPeerError as exc:  # its process failed: a line that says so
+                    skipped[peer] = f"failed in its own process: {str(exc)[:120]}"
             reference = next(iter(makers["torch DataLoader"]()))
             checked = {}
             for peer, make in makers.items():
                 try:
-                    first_batch = next(iter(make()))
+                    first_batch = _first(make())
                     checked[peer] = _NOT_COMPARABLE.get(peer) or _same(first_batch, reference)
                 except Exception as exc:  # a peer that fails on this workload: a row that says so
                     checked[peer] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
@@ -254,4 +312,8 @@ def format_peers(result: dict[str, Any]) -> str:
             lines.append(f"| {r['workload']} | {r['peer']} | - | - | - | {r['equal']} |")
     for peer, why in result["skipped"].items():
         lines.append(f"skipped: {peer}: {why}")
+    if any(r["peer"].startswith("Ray") for r in result["rows"]):
+        lines.append("Ray Data: run in a process of its own (python -m fastcollate._bench.ray_peer, ray.init(num_cpus=2)), "
+                     "its epochs interleaved with the others' rounds; on tabular and padded only (the same rows; "
+                     "tabular without its string field, which Ray's default collate refuses)")
     return "\n".join(lines)

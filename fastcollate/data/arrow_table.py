@@ -11,11 +11,27 @@ chunk is checked once per batch by :func:`fastcollate.data.hf.check_list_chunk` 
 what the lengths say, offsets that stay within the values) before anything is read through it,
 and the offsets it returns are the ones the rows are read with. Nulls, strings, nested
 variable lists, variable-shaped tensors and every other type are refused with the column named.
+
+A column in several chunks is first validated by Arrow (``validate(full=True)``) and combined
+into one chunk by Arrow (one copy in C++, as Ray's default collate combines every chunked column)
+when its chunks average under :data:`COMBINE_BYTES` (reading many small chunks one by one costs
+more Python than the copy) or when it is to be a view (unpinned, rows of one shape: the batch
+tensor is one contiguous buffer either way, and this is the very copy Ray's default makes).
+Otherwise -- large chunks going to the (pinned) arena -- the chunks are read one by one, straight
+into the arena: one copy, not two.
+
+Zero-copy: asked for it (``view=``), a column whose rows lie contiguous in one Arrow buffer --
+one non-empty chunk (sliced or not) of numbers other than bools, of fixed-size lists of them, or
+of a fixed-shape tensor column, no nulls -- is handed back as a tensor sharing that buffer
+(``BatchColumn.view``, made through DLPack after the same checks), what Ray's default collate
+does for numbers and tensor columns. The tensor holds the Arrow buffer (it stays valid after the
+table is dropped) and Arrow buffers are immutable, so no later batch writes into it.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -88,6 +104,9 @@ class _Layout:
         self.fixed, self.trailing = self.shape()
         self.per_row = math.prod(self.fixed) if self.fixed is not None else 1  # elements of a fixed row
         self.row_bytes = self.per_row * self.item
+        # rows of one shape, stored as they are read: one chunk of them can be handed out zero-copy
+        # (bools are bits in Arrow, bytes in torch: never)
+        self.viewable = self.fixed is not None and dtype != torch.bool
 
     def shape(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         """(fixed row shape or None, trailing dims after a variable first dimension)."""
@@ -164,14 +183,19 @@ class TableReader:
         self._cached = (schema, layouts)
         return layouts
 
-    def __call__(self, table: Any) -> tuple[int, list[BatchColumn]]:
-        """(rows, the batch's columns as gather columns)."""
+    def __call__(self, table: Any, view: Callable[[str, torch.dtype, tuple[int, ...]], bool] | None = None
+                 ) -> tuple[int, list[BatchColumn]]:
+        """(rows, the batch's columns as gather columns). ``view(name, dtype, row shape)``: whether
+        the caller wants a column as a zero-copy tensor where its layout allows one (None: never)."""
         import pyarrow as pa
 
         if not isinstance(table, pa.Table):
             raise TypeError(f"fastcollate: expected a pyarrow.Table batch, got {type(table).__name__}")
         columns = table.columns
-        return table.num_rows, [_column(columns[i], layout) for i, layout in self._layouts(table)]
+        return table.num_rows, [
+            _column(columns[i], layout, view is not None and layout.viewable and view(layout.name, layout.dtype,
+                                                                                     layout.fixed))
+            for i, layout in self._layouts(table)]
 
 
 def table_columns(table: Any, names: Sequence[str] | None = None) -> tuple[int, list[BatchColumn]]:
@@ -179,16 +203,69 @@ def table_columns(table: Any, names: Sequence[str] | None = None) -> tuple[int, 
     return TableReader(names)(table)
 
 
-def _column(column: Any, layout: _Layout) -> BatchColumn:
+def _tensor(leaf: Any, layout: _Layout, rows: int) -> torch.Tensor:
+    """A ``[rows, *fixed]`` tensor sharing the buffer of ``leaf``, a primitive Arrow array of
+    exactly the rows' elements (its slice offset applied). DLPack keeps the array -- and so its
+    buffer -- alive as long as the tensor; it raises no warning for Arrow's read-only memory."""
+    try:
+        flat = torch.from_dlpack(leaf)
+    except (AttributeError, TypeError, BufferError, NotImplementedError, RuntimeError):  # pyarrow < 15
+        data = leaf.buffers()[1]
+        arr = np.frombuffer(data, dtype=np.dtype(leaf.type.to_pandas_dtype()), count=len(leaf),
+                            offset=leaf.offset * layout.item)
+        with warnings.catch_warnings():  # torch: "the given NumPy array is not writable" (as Ray silences it)
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(arr)
+    if flat.dtype != layout.dtype:  # pragma: no cover - DLPack and numpy agree with the layout's dtype
+        raise TypeError(f"fastcollate: Arrow column {layout.name!r}: a {flat.dtype} view for a {layout.dtype} column")
+    return flat.view(rows, *layout.fixed)
+
+
+def _view(array: Any, layout: _Layout, offsets: np.ndarray | None) -> torch.Tensor:
+    """The rows of ``array`` (one checked chunk, a fixed row shape) as a zero-copy tensor."""
+    import pyarrow as pa
+
+    n, leaf = len(array), array
+    if offsets is not None:  # Ray's tensor storage: a list whose rows all hold the shape's values (checked)
+        leaf = leaf.values.slice(int(offsets[0]), n * layout.per_row)
+    while pa.types.is_fixed_size_list(leaf.type):
+        size = leaf.type.list_size
+        leaf = leaf.values.slice(leaf.offset * size, len(leaf) * size)
+    return _tensor(leaf, layout, n)
+
+
+def _column(column: Any, layout: _Layout, view: bool = False) -> BatchColumn:
+    k = column.num_chunks
+    # small chunks on average? (cheap estimates: a chunk's Python wrapper costs microseconds, and
+    # ChunkedArray.nbytes, which measures slices exactly, a hundred)
+    if k > 1 and layout.fixed is not None:
+        combine = len(column) * layout.row_bytes < COMBINE_BYTES * k
+    else:
+        combine = k > 1 and column.get_total_buffer_size() < COMBINE_LIST_BYTES * k
+    # a view wanted (unpinned: the CPU) of rows in several chunks: one contiguous buffer either way,
+    # and Arrow's concatenation is Ray's default's one copy -- never more work than it, whatever the size
+    combined = _combined(column) if combine or view and k > 1 else None
+    if combined is not None:  # one chunk, made by Arrow (after Arrow's full validation)
+        col = _read([combined], layout, view)
+        col.keep.append(combined)  # the addresses point into it (a view holds it by itself)
+        return col
+    chunks = column.chunks
+    if k > 1:  # rows in one buffer: one non-empty chunk (the empty ones read nothing)
+        view = view and sum(1 for c in chunks if len(c)) == 1
+    return _read(chunks, layout, view)
+
+
+def _read(chunks: list, layout: _Layout, view: bool) -> BatchColumn:
     name, fixed, trailing, per_row, row_bytes = layout.name, layout.fixed, layout.trailing, layout.per_row, \
         layout.row_bytes
-    chunks = column.chunks
     if layout.plain and not layout.extension and len(chunks) == 1:  # a number column in one chunk: the fast path
         array = chunks[0]
         check_list_chunk(array, name, 0)
         if array.null_count:
             _nulls(array, name, 0, 0)
         n = len(array)
+        if view and n:
+            return BatchColumn(name, layout.dtype, _NO_PTRS, None, fixed, (), view=_tensor(array, layout, n))
         data = array.buffers()[1]
         addr = data.address + array.offset * layout.item if n else 0
         spans = spans_of([byte_span(data)] if n else [])
@@ -208,6 +285,8 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
         if array.null_count or layout.nested:
             _nulls(array, name, k, start)
         start += n
+        if view and not layout.variable:  # the only rows, in this chunk's buffer: checked, handed out as they are
+            return BatchColumn(name, layout.dtype, _NO_PTRS, None, fixed, (), view=_view(array, layout, None))
         if not layout.variable:  # numbers, fixed-size lists, tensors stored as fixed-size lists
             if layout.plain:
                 data = array.buffers()[1]
@@ -228,6 +307,8 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
                 raise ArrowDataError(f"fastcollate: Arrow column {name!r}, chunk {k}: tensor row {bad} holds "
                                      f"{int(offsets[bad + 1] - offsets[bad])} values, its shape {list(fixed)} "
                                      f"needs {per_row}: the data is truncated or corrupt")
+            if view:
+                return BatchColumn(name, layout.dtype, _NO_PTRS, None, fixed, (), view=_view(array, layout, offsets))
             first = addr + int(offsets[0]) * layout.item
             if len(chunks) == 1 and n * row_bytes < BLOCK_BYTES:
                 return BatchColumn(name, layout.dtype, np.array([first], dtype=np.int64), None, fixed, (), keep,
@@ -240,6 +321,33 @@ def _column(column: Any, layout: _Layout) -> BatchColumn:
     if layout.variable and layout.tensor is None:
         return BatchColumn(name, layout.dtype, ptr, _joined(lens), None, trailing, keep, spans=spans_of(spans))
     return BatchColumn(name, layout.dtype, ptr, None, fixed, (), keep, spans=spans_of(spans))
+
+
+_NO_PTRS = np.zeros(0, dtype=np.int64)  # a viewed column's: nothing to gather
+
+# Chunks smaller than this on average are combined by Arrow (``ChunkedArray.combine_chunks``, one
+# copy in C++, what Ray's default collate does with every chunked column) before they are read as
+# one chunk: measured on a 2-core machine, reading a chunk costs tens of microseconds of Python
+# (checks, addresses), so 24 chunks of a 256-row column took 5x Ray's default, and a number column
+# in several chunks is gathered row by row. From about 1 MiB a chunk, combining and gathering
+# cost the same (one copy each; the gather's is threaded): the chunks are gathered as they are.
+# Variable lists (padded, or stacked) cost the gather less per chunk and the combination an extra
+# copy of their values: it paid below about 128 KiB a chunk (0.76x at 272 KiB, 3.9x at 32 KiB).
+COMBINE_BYTES = 1 << 20
+COMBINE_LIST_BYTES = 128 << 10
+
+
+def _combined(column: Any) -> Any:
+    """``column``'s chunks as one Arrow array, or None when Arrow's full validation refuses them (the
+    chunk-by-chunk checks then name the chunk and the fault) or Arrow cannot concatenate the type.
+    Validated first: a concatenation reads every chunk's buffers through its offsets."""
+    import pyarrow as pa
+
+    try:
+        column.validate(full=True)
+        return column.combine_chunks()
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

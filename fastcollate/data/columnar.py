@@ -17,6 +17,27 @@ rule: ``torch.as_tensor`` of the column as numpy):
   * ``dtypes``: a torch dtype, or ``{column: dtype}``, converted as ``torch.as_tensor(x,
     dtype=...)`` converts (into int64, int32, float32, float64, float16, bfloat16, or the
     column's own dtype); padded columns are padded, then converted.
+
+Zero-copy or one arena (``zero_copy``, ``pin_memory``): unpinned, a column whose rows already
+are the batch tensor's bytes -- one contiguous run of one buffer (an Arrow column in one
+non-empty chunk, sliced or not, of numbers other than bools, fixed-size lists or a fixed-shape
+tensor column, no nulls; a C-contiguous numeric numpy column), not padded, not converted -- is
+handed out as a tensor sharing that memory (what Ray's default collate does for numbers and
+tensor columns: ``torch.as_tensor`` of a zero-copy numpy view) -- an Arrow column of such rows
+in several chunks first combined into one buffer by Arrow, the copy Ray's default makes too
+(fastcollate.data.arrow_table); every other column is copied into the batch's one arena. Pinned
+(``pin_memory=True``: a GPU target, where one pinned arena moves in one host-to-device copy) or
+``zero_copy=False``, every column goes into the arena.
+
+Such a view shares memory with the batch it came from: it holds that memory alive (a view stays
+valid after the table or array is dropped) and is never written by a later batch (Arrow buffers
+are immutable; each batch has its own), but torch has no read-only tensors -- like Ray's own
+views, it is writable although the memory may be the object store's, and a write in place
+reaches the block that later epochs read: ``clone()`` before writing into it in place, or pass
+``zero_copy=False``. Measured on the CPU (``fastcollate bench
+--engines``): a view costs a few microseconds per column whatever its size, a copy the gather's
+per-column planning plus the bytes, so the view wins for every column it applies to, many small
+columns included; the arena pays where the batch goes on to a GPU.
 """
 from __future__ import annotations
 
@@ -54,6 +75,9 @@ class BatchColumn:
     the addresses point into that the caller would not otherwise keep alive. ``spans``: the
     [start, end) addresses ([k, 2] int64) of the memory the rows lie in -- taken from the buffers
     themselves, not from the offsets -- against which the engine checks every row it reads.
+    ``view``: the column already as its batch tensor, zero-copy (sharing the memory the rows lie
+    in, holding it alive), when the reader was asked for one and the layout allows it; nothing
+    is gathered for it then (``ptrs`` is empty).
     """
 
     key: str
@@ -65,6 +89,7 @@ class BatchColumn:
     keep: list = dataclasses.field(default_factory=list)
     block: bool = False
     spans: np.ndarray = dataclasses.field(default_factory=lambda: spans_of([]))
+    view: torch.Tensor | None = None
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -84,6 +109,9 @@ class ColumnarCollator:
         pin_memory: the arena in pinned memory (``"auto"``: when CUDA is available).
         num_threads: copy threads (default ``min(4, cores)``).
         columns: the columns to collate, in this order (default: all, in the batch's order).
+        zero_copy: unpinned, hand out the columns whose layout allows it as tensors sharing the
+            batch's memory instead of copying them into the arena (see the module's docstring);
+            ignored with ``pin_memory=True`` (one pinned arena).
 
     >>> import numpy as np, fastcollate.data.columnar as c
     >>> out = c.ColumnarCollator(pad={"ids": 0}).numpy({"ids": np.array([np.arange(3), np.arange(1)], dtype=object)})
@@ -96,7 +124,10 @@ class ColumnarCollator:
                  columns: Sequence[str] | None = None, pad_to_multiple_of: int | None = None,
                  max_length: int | None = None, padding_side: Literal["right", "left"] = "right",
                  return_mask: bool = True, mask_key: str = "attention_mask", mask_dtype: torch.dtype = torch.int64,
-                 lengths_key: str | None = None, pad_if_present: Mapping[str, int | float] | None = None) -> None:
+                 lengths_key: str | None = None, pad_if_present: Mapping[str, int | float] | None = None,
+                 zero_copy: bool = True) -> None:
+        if not isinstance(zero_copy, bool):
+            raise ValueError(f"fastcollate: zero_copy must be True or False, got {zero_copy!r}")
         if pin_memory == "auto":
             pin_memory = torch.cuda.is_available()
         if not isinstance(pin_memory, bool):
@@ -123,37 +154,55 @@ class ColumnarCollator:
                                                          return_mask, mask_key, mask_dtype, lengths_key,
                                                          pad_if_present)
         self.dtypes, self.pin_memory, self.num_threads, self.columns = dtypes, pin_memory, num_threads, columns
+        self.zero_copy = zero_copy
         self._reader: Any = None  # the Arrow reader, made at the first table (it caches per schema)
         self._threads = num_threads or min(4, usable_cores())
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_reader": None}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"zero_copy": True, **state})  # pickled before zero_copy existed: its default
+
     def __repr__(self) -> str:
         pad = "" if self.spec is None else f"pad={dict(self.spec.values)}, "
         return (f"{type(self).__name__}({pad}dtypes={self.dtypes}, pin_memory={self.pin_memory}, "
-                f"columns={self.columns})")
+                f"columns={self.columns}, zero_copy={self.zero_copy})")
 
     # ------------------------------------------------------------------ inputs
 
     def arrow(self, table: Any) -> dict[str, torch.Tensor]:
-        """A ``pyarrow.Table`` batch as a dict of tensors in one arena."""
+        """A ``pyarrow.Table`` batch as a dict of tensors: in one arena, but for the columns handed
+        out zero-copy (``zero_copy``, unpinned: see the module's docstring)."""
         if self._reader is None:
             from .arrow_table import TableReader
 
             self._reader = TableReader(self.columns)
-        rows, cols = self._reader(table)
+        rows, cols = self._reader(table, self._viewable if self.zero_copy and not self.pin_memory else None)
         return self.collate_columns(rows, cols)
 
+    def _viewable(self, key: str, src: torch.dtype, fixed: tuple[int, ...] | None) -> bool:
+        """Whether the column ``key`` (of ``src`` elements, rows of shape ``fixed``) may be its
+        own tensor: not padded (a column named in ``pad`` -- or in ``pad_if_present`` with rows
+        to pad -- goes through the padding, errors included), not converted."""
+        spec = self.spec
+        if spec is not None and (any(k == key for k, _ in spec.values)
+                                 or fixed != () and any(k == key for k, _ in spec.optional)):
+            return False
+        return self._dtype_of(key, src) == src
+
     def numpy(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """A ``{column: numpy array}`` batch (Ray's numpy batch format) as a dict of tensors in one arena."""
+        """A ``{column: numpy array}`` batch (Ray's numpy batch format) as a dict of tensors: in one
+        arena, but for the columns handed out zero-copy (``zero_copy``, unpinned: see the module's
+        docstring)."""
         if not isinstance(batch, Mapping):
             raise TypeError(f"fastcollate: expected a dict of numpy arrays, got {type(batch).__name__}")
         names = list(batch) if self.columns is None else self.columns
         missing = [n for n in names if n not in batch]
         if missing:
             raise KeyError(f"fastcollate: the batch has no column {missing[0]!r}; it has {list(batch)}")
-        cols = [numpy_column(batch[n], n) for n in names]
+        view = self._viewable if self.zero_copy and not self.pin_memory else None
+        cols = [numpy_column(batch[n], n, view) for n in names]
         rows = {n: len(batch[n]) for n in names}
         if len(set(rows.values())) > 1:
             raise ValueError(f"fastcollate: the batch's columns have different numbers of rows: {rows}")
@@ -162,11 +211,14 @@ class ColumnarCollator:
     # ------------------------------------------------------------------ the gather
 
     def _dtype(self, col: BatchColumn) -> torch.dtype:
+        return self._dtype_of(col.key, col.src)
+
+    def _dtype_of(self, key: str, src: torch.dtype) -> torch.dtype:
         if self.dtypes is None:
-            return col.src
+            return src
         if isinstance(self.dtypes, torch.dtype):
             return self.dtypes
-        return self.dtypes.get(col.key, col.src)
+        return self.dtypes.get(key, src)
 
     def collate_columns(self, rows: int, cols: list[BatchColumn]) -> dict[str, torch.Tensor]:
         """The batch of ``rows`` rows of ``cols``, gathered into one arena."""
@@ -197,7 +249,11 @@ class ColumnarCollator:
         tail: list[dict[str, Any]] = []  # the mask and lengths go after every column, as padding appends them
         blocks: dict[tuple, list[BatchColumn]] = {}  # contiguous columns by (src, dst, row shape)
         dtypes = self.dtypes
+        out: dict[str, torch.Tensor] = {}
         for col in cols:
+            if col.view is not None:  # the reader's zero-copy tensor (asked for by arrow() / numpy())
+                out[col.key] = col.view
+                continue
             dst = col.src if dtypes is None else self._dtype(col)
             if col.block and rows and col.key not in padded:  # contiguous rows: copied with the others of its kind
                 blocks.setdefault((col.src, dst, col.fixed), []).append(col)
@@ -246,17 +302,19 @@ class ColumnarCollator:
                   for (src, dst, fixed), members in blocks.items()]
         for job in tail:
             plan.add(**job)
+        order = [c.key for c in cols] + [job["key"] for job in tail]
+        if not plan.jobs and not groups:  # every column handed out zero-copy: no arena at all
+            return out if list(out) == order else {key: out[key] for key in order}
         size = max(plan.nbytes, plan.align)
         if self.pin_memory:
             arena = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         else:
             arena = _ext._C.pool_allocate(size)
         views = plan.run(arena, self._threads)
-        out = {key: v for (key, _), v in zip(plan.keys, views)}
+        out.update((key, v) for (key, _), v in zip(plan.keys, views))
         for members, view in zip(groups, views[len(views) - len(tail) - len(groups):]):
             out.update(zip(members, view[:, :rows].unbind(0) if len(members) > 1 else [view]))
         # the batch's column order, padding's mask and lengths after
-        order = [c.key for c in cols] + [job["key"] for job in tail]
         return {key: out[key] for key in order}
 
 
@@ -298,9 +356,21 @@ def _dense(arr: np.ndarray, keep: list) -> np.ndarray:
     return arr
 
 
-def numpy_column(arr: Any, key: str) -> BatchColumn:
+def _from_numpy(arr: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy``, silent for a read-only array (Ray hands those out from its object
+    store and silences torch's "not writable" warning the same way)."""
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+def numpy_column(arr: Any, key: str, view: Any = None) -> BatchColumn:
     """A numpy column as a gather column: ``[B, ...]`` numbers, or an object array of B arrays
-    (rows of a variable first dimension, as Ray's numpy format gives list columns)."""
+    (rows of a variable first dimension, as Ray's numpy format gives list columns). ``view(key,
+    dtype, row shape)``: whether the caller wants the column as a zero-copy tensor where it can
+    be one (rows present, C-contiguous, native byte order, aligned: ``torch.from_numpy``)."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"fastcollate: column {key!r} is a {type(arr).__name__}; a numpy batch holds numpy arrays")
     if arr.ndim == 0:
@@ -308,6 +378,9 @@ def numpy_column(arr: Any, key: str) -> BatchColumn:
     keep: list = []
     if arr.dtype != object:
         src = _readable_dtype(arr, key)
+        if view is not None and len(arr) and arr.flags.c_contiguous and arr.dtype.isnative and arr.flags.aligned \
+                and view(key, src, tuple(int(d) for d in arr.shape[1:])):
+            return BatchColumn(key, src, np.zeros(0, dtype=np.int64), None, tuple(arr.shape[1:]), view=_from_numpy(arr))
         arr = _dense(arr, keep)
         keep.append(arr)
         fixed = tuple(int(d) for d in arr.shape[1:])

@@ -2,9 +2,11 @@
 ``from_items``, ``from_numpy`` and ``read_parquet`` (files written in a temporary directory),
 read with ``iter_torch_batches(collate_fn=ArrowCollate(...))``, give Ray's default collate's
 batches -- keys, dtypes, shapes and bytes -- batch for batch, through multi-chunk and sliced
-tables; padded columns equal the padding reference; ``NumpyCollate`` equals Ray's own numpy
-conversion; every batch is one arena, which ``CudaPrefetcher`` wrapping Ray's iterator sees; a
-2-worker ``TorchTrainer`` trains from ``get_dataset_shard`` with it (examples/ray_train.py)."""
+tables, and hands out zero-copy every column Ray's default hands out zero-copy (on the same
+table); padded columns equal the padding reference; ``NumpyCollate`` equals Ray's own numpy
+conversion; with ``zero_copy=False`` (or pinned) every batch is one arena, which
+``CudaPrefetcher`` wrapping Ray's iterator sees; a 2-worker ``TorchTrainer`` trains from
+``get_dataset_shard`` with it (examples/ray_train.py)."""
 from __future__ import annotations
 
 import os
@@ -46,16 +48,37 @@ def cluster():
         ray.shutdown()
 
 
+def _in_table(t, table):
+    """Whether tensor ``t`` starts inside one of the table's Arrow buffers (a zero-copy view)."""
+    p = t.data_ptr()
+    for col in table.columns:
+        for chunk in col.chunks:
+            arr = chunk.storage if isinstance(chunk.type, pa.BaseExtensionType) else chunk
+            if any(b is not None and b.address <= p < b.address + b.size for b in arr.buffers()):
+                return True
+    return False
+
+
 class Recording(ArrowCollate):
-    """ArrowCollate that notes the tables Ray hands it (chunks, slices)."""
+    """ArrowCollate that notes the tables Ray hands it (chunks, slices) and, on the same table,
+    which columns Ray's default collate (as iter_torch_batches makes it on the CPU) and this one
+    hand out zero-copy."""
 
     def __init__(self, *a, **kw):
+        from ray.data.collate_fn import DefaultCollateFn
+
         super().__init__(*a, **kw)
-        self.tables = []
+        self.tables, self.views, self.default = [], [], DefaultCollateFn(combine_chunks=True)
 
     def __call__(self, batch):
         self.tables.append([(c.num_chunks, [ch.offset for ch in c.chunks]) for c in batch.columns])
-        return super().__call__(batch)
+        out = super().__call__(batch)
+        if self.engine.dtypes is None and self.engine.spec is None:
+            theirs = self.default(batch)
+            assert_same(out, theirs)
+            self.views.append(({k for k, v in theirs.items() if _in_table(v, batch)},
+                               {k for k, v in out.items() if _in_table(v, batch)}))
+        return out
 
 
 def _default(ds, **kw):
@@ -64,11 +87,11 @@ def _default(ds, **kw):
         return list(ds.iter_torch_batches(**kw))
 
 
-def _same_batches(got, want):
+def _same_batches(got, want, one_arena=False):
     assert len(got) == len(want) and got
     for i, (g, w) in enumerate(zip(got, want)):
         assert_same(g, w, f"batch {i}")
-        assert find_arena(g) is not None, f"batch {i} is not one arena"
+        assert not one_arena or find_arena(g) is not None, f"batch {i} is not one arena"
 
 
 def _items(n, rng):
@@ -84,8 +107,13 @@ def test_from_items_equals_rays_default_through_multi_chunk_and_sliced_batches()
     for batch_size in (7, 16):
         _same_batches(list(fixed.iter_torch_batches(batch_size=batch_size, collate_fn=collate)),
                       _default(fixed, batch_size=batch_size))
+        _same_batches(list(fixed.iter_torch_batches(batch_size=batch_size, collate_fn=ArrowCollate(zero_copy=False))),
+                      _default(fixed, batch_size=batch_size), one_arena=True)
     assert any(n > 1 for t in collate.tables for n, _ in t), "no batch spanned two blocks"
     assert any(o > 0 for t in collate.tables for _, offs in t for o in offs), "no batch was a slice of a block"
+    # zero-copy wherever Ray's default is (Ray's block buffers, sliced ones included), and some of it
+    assert all(theirs <= ours for theirs, ours in collate.views), collate.views
+    assert any(theirs & {"x", "img", "y"} for theirs, _ in collate.views)
     # the dtypes Ray's default takes, converted the same way
     _same_batches(list(fixed.iter_torch_batches(batch_size=16, collate_fn=ArrowCollate(dtypes=torch.float32))),
                   _default(fixed, batch_size=16, dtypes=torch.float32))
@@ -101,7 +129,9 @@ def test_from_numpy_and_read_parquet_equal_rays_default(tmp_path):
     images = rng.integers(0, 255, (40, 3, 8, 8), dtype=np.uint8)
     for ds in (ray.data.from_numpy(images), ray.data.from_numpy([images[:17], images[17:]]),
                ray.data.from_numpy(rng.standard_normal(30).astype(np.float16))):
-        _same_batches(list(ds.iter_torch_batches(batch_size=8, collate_fn=ArrowCollate())), _default(ds, batch_size=8))
+        collate = Recording()
+        _same_batches(list(ds.iter_torch_batches(batch_size=8, collate_fn=collate)), _default(ds, batch_size=8))
+        assert all(theirs <= ours for theirs, ours in collate.views) and any(ours for _, ours in collate.views)
     for f in range(3):
         n = 50
         table = pa.table({"feats": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * 16).astype(
@@ -116,6 +146,8 @@ def test_from_numpy_and_read_parquet_equal_rays_default(tmp_path):
     collate = Recording()
     _same_batches(list(fixed.iter_torch_batches(batch_size=32, collate_fn=collate)), _default(fixed, batch_size=32))
     assert any(o > 0 for t in collate.tables for _, offs in t for o in offs)  # (Ray reads the small files as one block)
+    assert all(theirs <= ours for theirs, ours in collate.views)
+    assert all("flag" not in ours for _, ours in collate.views)  # bools: bits in Arrow, copied (as Ray's default)
     # the token lists, padded: the padding reference on the rows as numpy arrays (dtype int32 kept)
     kw = dict(pad={"ids": -1}, pad_to_multiple_of=8, padding_side="left", lengths_key="lengths")
     got = list(ds.iter_torch_batches(batch_size=32, collate_fn=ArrowCollate(**kw)))
@@ -158,6 +190,19 @@ def test_numpy_collate_equals_rays_numpy_conversion():
     _same_batches(got, [_pad_reference(b, kw) for b in padded.iter_batches(batch_size=8, batch_format="numpy")])
 
 
+def test_writing_in_place_reaches_rays_block_exactly_as_with_rays_default():
+    # the documented sharing: views of Ray's block, written through as Ray's default's are;
+    # zero_copy=False copies, and the block stays as it was
+    for collate, shared in ((None, True), (ArrowCollate(), True), (ArrowCollate(zero_copy=False), False)):
+        ds = ray.data.from_numpy(np.arange(64, dtype=np.int64).reshape(16, 4)).materialize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            first = next(iter(ds.iter_torch_batches(batch_size=8, collate_fn=collate)))
+            first["data"][0, 0] = 999
+            again = next(iter(ds.iter_torch_batches(batch_size=8, collate_fn=collate)))
+        assert (again["data"][0, 0].item() == 999) is shared, collate
+
+
 def test_bad_columns_are_refused_with_the_column_named():
     rows = [{"a": i, "s": f"row {i}", "n": None if i == 3 else i, "ids": list(range(i % 3 + 1))} for i in range(8)]
     ds = ray.data.from_items(rows)
@@ -182,7 +227,8 @@ def test_bad_columns_are_refused_with_the_column_named():
 
 def test_cuda_prefetcher_wrapping_rays_iterator_sees_one_arena():
     ds = ray.data.from_items(_items(40, np.random.default_rng(5)), override_num_blocks=4)
-    collate = ArrowCollate(pad={"ids": 0}, pin_memory="auto")
+    # pinned (where there is CUDA) or zero_copy=False: one arena, whatever the layout
+    collate = ArrowCollate(pad={"ids": 0}, pin_memory="auto", zero_copy=False)
     want = list(ds.iter_torch_batches(batch_size=8, collate_fn=collate, device="cpu"))
     prefetcher = fastcollate.CudaPrefetcher(ds.iter_torch_batches(batch_size=8, collate_fn=collate, device="cpu"),
                                             device="cpu")
@@ -191,8 +237,13 @@ def test_cuda_prefetcher_wrapping_rays_iterator_sees_one_arena():
         for batch in prefetcher:
             assert find_arena(batch) is not None  # the prefetcher's transport would move it in one copy
             got.append(batch)
-    _same_batches(got, want)
+    _same_batches(got, want, one_arena=True)
     assert prefetcher.stats()["batches"] == len(want)
+    # unpinned, zero-copy views and the arena side by side pass through the same (the same values)
+    views = ArrowCollate(pad={"ids": 0})
+    with fastcollate.CudaPrefetcher(ds.iter_torch_batches(batch_size=8, collate_fn=views, device="cpu"),
+                                    device="cpu") as prefetcher:
+        _same_batches(list(prefetcher), want)
 
 
 @pytest.mark.cuda
@@ -222,15 +273,30 @@ def test_pickled_collate_objects_work():
             assert type(again) is type(c) and repr(again) == repr(c)
 
 
-def test_bench_engines_runs_and_checks_its_outputs_equal():
-    # `fastcollate bench --engines`, the smallest run: the table's code path, outputs compared first
+def test_bench_engines_runs_and_checks_its_outputs_equal(tmp_path):
+    # `fastcollate bench --engines --quick`: the tables' code path on four kinds of column (views,
+    # padding into the arena, fixed-size lists and bools, many small chunks), outputs compared first;
+    # no timing is asserted
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    kinds = ["columns", "lists", "tokens", "chunks"]  # in the tables' order
+    out = tmp_path / "engines.json"
     r = subprocess.run([sys.executable, "-m", "fastcollate", "bench", "--engines", "--quick", "--workloads",
-                        "columns,tokens"], capture_output=True, text=True, timeout=300, env=env)
+                        ",".join(kinds), "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| (")]
-    assert len(rows) == 4 and all(line.rstrip(" |").endswith("True") for line in rows), r.stdout
+    import json
+
+    result = json.loads(out.read_text())["engines"]
+    for table in ("collate", "epochs"):
+        rows = result[table]
+        assert [row["workload"] for row in rows] == kinds, rows
+        assert all(row["equal"] is True and row["speedup"] > 0 for row in rows), rows
+    views = {row["workload"]: (row["ray_views"], row["ours_views"]) for row in result["collate"]}
+    assert views["columns"] == (17, 17) and views["lists"] == (1, 2)  # zero-copy where Ray is, and the lists too
+    assert all(row["batches"] == 3 for row in result["epochs"])
+    for kind in kinds:  # each row printed in both tables
+        label = next(row["description"] for row in result["collate"] if row["workload"] == kind)
+        assert r.stdout.count(f"| {label}") == 2, r.stdout
 
 
 def test_torch_trainer_two_workers_from_dataset_shards(tmp_path):
