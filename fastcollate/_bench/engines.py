@@ -122,7 +122,7 @@ def _blocks(kind: Kind, batches: int) -> list[Any]:
     return [table.slice(i, kind.block_rows).combine_chunks() for i in range(0, table.num_rows, kind.block_rows)]
 
 
-def _ray_side(name: str, pinned: bool = False) -> Any:
+def ray_side(name: str, pinned: bool = False) -> Any:
     """Ray's default collate (as iter_torch_batches makes it on the CPU), or, for the padded
     rows, what a Ray user writes: Ray's numpy conversion of the rows + pad_sequence + a mask;
     ``pinned``: then every tensor pinned, as ``iter_torch_batches(pin_memory=True)`` does."""
@@ -131,7 +131,7 @@ def _ray_side(name: str, pinned: bool = False) -> Any:
     if pinned:
         from ray.data.util.torch_utils import pin_tensors_to_memory
 
-        base = _ray_side(name)
+        base = ray_side(name)
         return lambda table: pin_tensors_to_memory(base(table))
     if name != "tokens":
         return DefaultCollateFn(combine_chunks=True)
@@ -196,7 +196,7 @@ def run_collate(rounds: int = 5, min_time: float = 0.2, only: list[str] | None =
                 continue
             table = _batch(kind)
             for pinned in modes:
-                theirs, ours = _ray_side(name, pinned), ArrowCollate(pin_memory=pinned, **kind.kw)
+                theirs, ours = ray_side(name, pinned), ArrowCollate(pin_memory=pinned, **kind.kw)
                 # unpinned, also everything copied into one arena: what the zero-copy rule is measured against
                 arena = ArrowCollate(zero_copy=False, **kind.kw) if not pinned else None
                 a, b = ours(table), theirs(table)
@@ -255,7 +255,7 @@ def _epoch_rows(batches: int, rounds: int, only: list[str] | None, say: Callable
             continue
         ds = ray.data.from_arrow(_blocks(kind, batches)).materialize()
         # Ray's side: its default (collate_fn=None: DefaultCollateFn(combine_chunks=True) on the CPU)
-        sides = {"ray": None if name != "tokens" else _ray_side(name), "ours": ArrowCollate(**kind.kw)}
+        sides = {"ray": None if name != "tokens" else ray_side(name), "ours": ArrowCollate(**kind.kw)}
 
         def epoch(fn: Any) -> tuple[float, int, Any]:
             t0, n, first = time.perf_counter(), 0, None

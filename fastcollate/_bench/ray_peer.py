@@ -125,7 +125,7 @@ def _datasets(quick: bool) -> dict[str, tuple[Any, int, dict[str, Any]]]:
     import torch
 
     from ..ray import ArrowCollate
-    from .engines import _ray_side
+    from .engines import ray_side
     from .storage import token_lists
     from .workloads import small_fields
 
@@ -140,7 +140,7 @@ def _datasets(quick: bool) -> dict[str, tuple[Any, int, dict[str, Any]]]:
     return {
         "tabular": (ray.data.from_items(rows).materialize(), 256, {DEFAULT: None, OURS: ArrowCollate()}),
         "padded": (ray.data.from_items(token_rows).materialize(), 32,
-                   {DEFAULT: _ray_side("tokens"), OURS: ArrowCollate(pad={"input_ids": 0})}),
+                   {DEFAULT: ray_side("tokens"), OURS: ArrowCollate(pad={"input_ids": 0})}),
     }
 
 
