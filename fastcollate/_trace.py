@@ -16,7 +16,10 @@ fork; under spawn and forkserver a ``worker_init_fn`` wrapper installs the fetch
 those workers only -- no environment variable reaches other subprocesses). A fetch made inside
 another (a loader iterated in a dataset's ``__getitem__``) is timed but never wrapped: what a
 loader yields is never changed. Off -- the default -- nothing is wrapped and nothing is paid.
-Clocks: ``time.perf_counter()``, CLOCK_MONOTONIC on Linux, one clock for every process.
+Clocks: ``time.perf_counter()``, CLOCK_MONOTONIC on Linux, one clock for every process. Beside
+the wall clock, each fetch records its thread's CPU time and the time it spent blocked of its
+own accord (a read, a sleep: voluntary context switches), so that the time a busy machine's
+scheduler took from it is not mistaken for the dataset's own slowness.
 
 Each tracing StallMonitor has a Tracer of its own -- its view of the trace, which its reset()
 clears without touching another's; events reach every live Tracer. Memory is bounded: the last
@@ -25,11 +28,13 @@ clears without touching another's; events reach every live Tracer. Memory is bou
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from torch.utils.data import dataloader as _tdl
@@ -37,6 +42,20 @@ from torch.utils.data._utils import fetch as _tfetch
 
 logger = logging.getLogger("fastcollate")
 now = time.perf_counter
+cpu_now = time.thread_time
+
+
+try:
+    import resource
+    _RUSAGE = getattr(resource, "RUSAGE_THREAD", None)
+except ImportError:  # not a POSIX system
+    _RUSAGE = None
+
+
+def _voluntary_switches() -> int:
+    """This thread's voluntary context switches so far; -1 where the system does not say (then
+    every off-CPU moment of a fetch counts as blocking)."""
+    return resource.getrusage(_RUSAGE).ru_nvcsw if _RUSAGE is not None else -1
 # the stages, in the order a batch meets them
 STAGES = ("sampler", "fetch", "collate", "queue", "rebuild", "transfer", "wait", "compute")
 
@@ -45,7 +64,7 @@ class Record:
     """One batch's life. ``spans``: stage -> (start, end), perf_counter seconds."""
 
     __slots__ = ("loader", "epoch", "index", "worker", "pid", "tid", "spans", "samples", "slowest",
-                 "ring", "nbytes", "h2d_ms", "gpu_ms")
+                 "ring", "nbytes", "h2d_ms", "gpu_ms", "fetch_cpu_s", "fetch_blocked_s")
 
     def __init__(self, loader: int, epoch: int, index: int) -> None:
         self.loader, self.epoch, self.index = loader, epoch, index
@@ -57,6 +76,10 @@ class Record:
         self.nbytes = 0
         self.h2d_ms: float | None = None
         self.gpu_ms: float | None = None
+        # of the fetch: the thread's CPU seconds, and the seconds it was blocked on its own (I/O,
+        # sleeps) -- the rest of its wall time is the scheduler's (other processes ran)
+        self.fetch_cpu_s: float | None = None
+        self.fetch_blocked_s: float | None = None
 
     @property
     def id(self) -> tuple[int, int]:
@@ -120,7 +143,11 @@ class Tracer:
 
 TRACERS: list[Tracer] = []  # the live tracers (one per tracing StallMonitor): every event reaches each
 _ARRIVED: dict[tuple[int, int], tuple] = {}  # (worker pid, idx) -> worker span, not yet delivered
-_EPOCHS: dict[int, int] = {}                   # loader id -> epochs begun
+# loader -> [its number in the trace, epochs begun]; weak, so that a later loader that reuses a
+# collected one's id() starts at epoch 0 under a number of its own
+_LOADERS: "weakref.WeakKeyDictionary[Any, list[int]]" = weakref.WeakKeyDictionary()
+_BY_ID: dict[int, list[int]] = {}  # loaders that take no weak reference: by id(), as before
+_serial = itertools.count(1)
 _delivered_count = [0]
 _state = threading.local()  # per thread: the iterator being advanced, the last batch id it delivered
 _collate_info: list = [None, 0]  # what the collate of this process's current batch said: (kind, nbytes)
@@ -186,12 +213,13 @@ def _timed_fetch(self: Any, possibly_batched_index: Any, orig_fetch: Any) -> Any
 
 
 def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, depth: int) -> Any:
-    t0 = now()
-    marks = [0.0, 0.0]
+    t0, cpu0, vol0 = now(), cpu_now(), _voluntary_switches()
+    marks = [0.0, 0.0, 0.0, 0]  # collate start and end, and the fetch's CPU clock and switches at its end
     collate_fn = self.collate_fn
     _collate_info[0] = None
 
     def timed_collate(data: Any) -> Any:
+        marks[2], marks[3] = cpu_now(), _voluntary_switches()
         marks[0] = now()
         try:
             return collate_fn(data)
@@ -226,10 +254,15 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
         self.collate_fn = collate_fn
     t1 = now()
     c0, c1 = (marks[0], marks[1]) if marks[1] else (t1, t1)
+    cpu1, vol = (marks[2], marks[3]) if marks[1] else (cpu_now(), _voluntary_switches())
+    # the fetch's off-CPU time counts as blocking only if it blocked (a voluntary switch): a
+    # preempted thread switches involuntarily, and that wait is the machine's, not the dataset's
+    blocked = max(0.0, (c0 - t0) - (cpu1 - cpu0)) if vol < 0 or vol > vol0 else 0.0
     if samples:
         _per_sample[0] = (c0 - t0) / samples >= _PER_SAMPLE_MIN_S
     kind = _collate_info[0] or ("main" if not marks[1] else "custom")
-    worker_span = (os.getpid(), _worker_id(), _caller_idx(), t0, c0, c0, c1, samples, slowest, kind, _collate_info[1])
+    worker_span = (os.getpid(), _worker_id(), _caller_idx(), t0, c0, c0, c1, samples, slowest, kind, _collate_info[1],
+                   cpu1 - cpu0, blocked)
     if depth == 0 and _in_worker():
         return _Traced(worker_span, out)
     _state.fetched = worker_span  # main-process loading: picked up by the iterator's __next__
@@ -304,17 +337,29 @@ def _loader_of(it: Any) -> int:
 _epoch_lock = threading.Lock()
 
 
-def _new_epoch(loader: Any) -> int:
+def _entry(loader: Any) -> list[int]:
+    # under _epoch_lock
+    try:
+        e = _LOADERS.get(loader)
+        if e is None:
+            e = _LOADERS[loader] = [next(_serial), 0]
+    except TypeError:  # no weak reference to it
+        e = _BY_ID.setdefault(id(loader), [next(_serial), 0])
+    return e
+
+
+def _new_epoch(loader: Any) -> tuple[int, int]:
+    """The loader's number in the trace and the epoch it begins now."""
     with _epoch_lock:
-        epoch = _EPOCHS.get(id(loader), 0)
-        _EPOCHS[id(loader)] = epoch + 1
-    return epoch
+        e = _entry(loader)
+        epoch, e[1] = e[1], e[1] + 1
+    return e[0], epoch
 
 
 def _wrap_iter_init(orig: Any) -> Any:
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         # set first: the multiprocessing iterator sends its first indices from inside __init__
-        self._fc_loader, self._fc_epoch = id(loader), _new_epoch(loader)
+        self._fc_loader, self._fc_epoch = _new_epoch(loader)
         orig(self, loader, *args, **kwargs)
     return __init__
 
@@ -339,7 +384,8 @@ def _wrap_loader_iter(orig: Any) -> Any:
     def __iter__(self: Any) -> Any:
         it = self.__dict__.get("_iterator")
         if it is not None and self.persistent_workers and self.num_workers > 0 and hasattr(it, "_fc_epoch"):
-            it._fc_epoch = _new_epoch(self)  # the same iterator, a new epoch: before _reset sends its indices
+            # the same iterator, a new epoch: numbered before _reset sends its indices
+            it._fc_loader, it._fc_epoch = _new_epoch(self)
         return orig(self)
     return __iter__
 
@@ -402,15 +448,17 @@ def _delivered(self: Any, orig: Any) -> Any:
 
 
 _LOG_EVERY = [0]
+_SPAN_FIELDS = 13  # what _timed_fetch_at puts in a worker span; the arrival and rebuild times follow
 
 
 def _fill(tracer: Tracer, rec: Record, span: tuple, delivered: float) -> None:
-    pid, worker, _idx, f0, f1, c0, c1, samples, slowest, kind, nbytes = span[:11]
+    pid, worker, _idx, f0, f1, c0, c1, samples, slowest, kind, nbytes, fetch_cpu, blocked = span[:_SPAN_FIELDS]
     rec.pid, rec.worker, rec.samples, rec.slowest, rec.ring, rec.nbytes = pid, worker, samples, slowest, kind, nbytes
+    rec.fetch_cpu_s, rec.fetch_blocked_s = fetch_cpu, blocked
     tracer.span(rec, "fetch", f0, f1)
     tracer.span(rec, "collate", c0, c1)
-    if len(span) >= 13:  # from a worker: queue, then the rebuild
-        arrived, rebuilt = span[11], span[12]
+    if len(span) >= _SPAN_FIELDS + 2:  # from a worker: queue, then the rebuild
+        arrived, rebuilt = span[_SPAN_FIELDS], span[_SPAN_FIELDS + 1]
         tracer.span(rec, "queue", c1, arrived)
         tracer.span(rec, "rebuild", arrived, rebuilt)
     tracer.worker_busy(pid, worker, f0, c1)

@@ -144,6 +144,28 @@ def test_trace_file_has_every_process_and_matching_ids(monitor, tmp_path, contex
     assert "main process" in names and any(n.startswith("worker 0") for n in names)
 
 
+def test_a_new_loader_starts_at_epoch_0_even_under_a_reused_id():
+    # the trace once numbered epochs by id(loader): a loader made after another was collected
+    # often gets its id, and its batches were filed under the dead loader's next epochs
+    class Loader:
+        pass
+
+    a = Loader()
+    first = _trace._new_epoch(a)
+    assert _trace._new_epoch(a) == (first[0], 1)
+    reused = id(a)
+    del a
+    b = Loader()
+    number, epoch = _trace._new_epoch(b)
+    assert epoch == 0 and number != first[0], (id(b) == reused)
+
+    class Slotted:  # takes no weak reference: numbered by id(), while it lives
+        __slots__ = ()
+
+    c = Slotted()
+    assert _trace._new_epoch(c)[1] == 0 and _trace._new_epoch(c)[1] == 1
+
+
 def test_torch_loader_with_fastcollate_collate_is_seen_too(monitor):
     mon = monitor()
     r = run(mon, DataLoader(Stalling(per_sample=0.004), batch_size=8, collate_fn=fastcollate.collate, **kw()))
