@@ -183,15 +183,62 @@ def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any]
     profile = model.Profile(kind=kind, workers=workers, make_s=make or [0.0], fetch_s=fetch or [0.0],
                             worker_cpu_s=worker_cpu_s, main_cpu_s=main_cpu_s, start_s=start,
                             start_workers=max(1, workers), contention=contention)
-    # a batch's time beyond the typical batch's: its rare slow samples (a remote read, a sleep),
-    # which more prefetching can hide and more CPU cannot shorten
-    typical = statistics.median(make) if make else 0.0
-    spikes = [max(0.0, (m - typical) / contention) for m in make] or [0.0]
+    spikes = _spikes(records, make, contention)
     # the median: a busy machine preempts the loop now and then, and a mean would charge the step
     step_s = statistics.median(step_times) if step is not None and step_times else 0.0
     return Look(profile=profile, spikes_s=spikes, step_s=step_s, samples_per_s=samples / wall if wall > 0 else 0.0,
                 batch_bytes=_tensor_bytes(copy), memory=mem.report(), report=report, batch=copy, batches=batches,
                 wall_s=wall, worker_busy=worker_busy / max(1, workers) if workers else 0.0, main_busy=main_busy)
+
+
+def _spikes(records: list, make: list[float], contention: float) -> list[float]:
+    """Each batch's fetch beyond the typical batch's: its rare slow samples (a remote read, a
+    sleep, an expensive sample), which more prefetching can hide and more CPU cannot shorten.
+
+    The dataset's part only: the collate's cost is each loader kind's own, measured by its probe.
+    A fetch as it would run alone is its CPU time plus the time it blocked on its own; what the
+    scheduler of a busy machine took from it (preemption) is the machine's, and counting it would
+    charge every candidate with the traced run's contention -- on 2 cores with 2 workers,
+    preemption alone made tiny batches look 2-4x slower than they are. Of a worker's first batch
+    of an epoch only the blocking counts: its extra CPU is start-up (imports, first calls), which
+    the model counts apart."""
+    alone, cold, firsts = [], [], set()
+    for r in records:
+        cold.append((r.epoch, r.pid) not in firsts)
+        firsts.add((r.epoch, r.pid))
+        if r.fetch_cpu_s is None:
+            break
+        alone.append(r.fetch_cpu_s + (r.fetch_blocked_s or 0.0))
+    if records and len(alone) == len(records) and not all(cold):
+        typical = statistics.median(a for a, c in zip(alone, cold) if not c)
+        floor = _spike_floor(typical)
+        out = []
+        for a, c, r in zip(alone, cold, records):
+            excess = (r.fetch_blocked_s or 0.0) if c else a - typical
+            out.append(excess if excess > floor else 0.0)
+        return out
+    # a trace without CPU clocks: the wall times, scaled down by the run's contention
+    typical = statistics.median(make) if make else 0.0
+    return [max(0.0, (m - typical) / contention) for m in make] or [0.0]
+
+
+def _spike_floor(typical: float) -> float:
+    """How far beyond the typical batch a batch must be to count as slow: a rare slow sample is
+    a read or a computation many times a typical one; below this, a batch's excess is the
+    machine's noise (a GIL hand-off to the worker's queue thread, a cache miss, a page fault),
+    which the per-batch level already averages. Measured on 2 cores: cheap fetches of ~100 us
+    showed such excesses of up to ~0.5 ms, which -- counted as slow samples over a short epoch
+    -- made the predictions of 0-worker loading 1.5-2x too slow."""
+    return max(typical, 1e-3)
+
+
+def _level(times: list[float]) -> float:
+    """The per-batch level of a run: the mean of its batches that are not slow (see
+    _spike_floor), so that the slow ones, which the model adds batch by batch, count once."""
+    if not times:
+        return 0.0
+    typical = statistics.median(times)
+    return statistics.fmean(t for t in times if t - typical <= _spike_floor(typical))
 
 
 def _cores() -> int:
@@ -210,7 +257,8 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
     # or two, or the previous run's aftermath, do not set the level
     min_s, max_s = 0.25, 2.0
     waits: list[float] = []
-    firsts: list[float] = []
+    firsts: list[float] = []  # the loader's creation to its first batch, then each new epoch's to its first
+    ends: list[float] = []    # each epoch's last next(), the one that stops it
     worker_cpu = 0.0
     main_cpu = 0.0
     t0 = time.perf_counter()
@@ -226,6 +274,7 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
             try:
                 batch = next(it)
             except StopIteration:
+                ends.append(time.perf_counter() - w0)
                 break
             if i == 0:
                 firsts.append(time.perf_counter() - (t0 if not firsts else e0))
@@ -261,13 +310,19 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
         return [typical + s for s in spikes]
 
     if workers == 0:
-        # each next() is the whole of it: sampler, fetch, collate, the loop; its median is the
-        # typical batch, which a preemption of this process now and then does not move
-        level = statistics.median(waits) if waits else 0.0
+        # each next() is the whole of it: sampler, fetch, collate, the loop; its level leaves
+        # out the slow batches (the traced run's spikes add them) and a preemption now and then
+        level = _level(waits)
         make = per_batch(level)
+        # an epoch's own cost beyond its batches: a new iterator before its first batch, and the
+        # next() that stops it -- on a cheap dataset a visible share of a short epoch
+        # (an epoch's first batch is make[0]: its slow samples are the batch's, not the start's)
+        restart = max(0.0, statistics.median(firsts[1:]) - make[0]) if len(firsts) > 1 else 0.0
+        epoch = restart + (statistics.median(ends) if ends else 0.0)
+        created = max(0.0, firsts[0] - make[0] - restart) if firsts else 0.0
         return model.Profile(kind=kind, workers=0, make_s=make,
                              fetch_s=[m * f for m, f in zip(make, itertools.cycle(fetch_share))],
-                             worker_cpu_s=level, main_cpu_s=0.0, first_s=max(0.0, first - level), cpu_s=level)
+                             worker_cpu_s=level, main_cpu_s=0.0, first_s=created, epoch_s=epoch, cpu_s=level)
     w_cpu = worker_cpu / counted
     m_cpu = main_cpu / counted
     # a worker's typical batch: its CPU, plus the waiting a typical sample does (measured in the
@@ -277,7 +332,7 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
     make = per_batch(typical)
     return model.Profile(kind=kind, workers=workers, make_s=make,
                          fetch_s=[m * f for m, f in zip(make, itertools.cycle(fetch_share))],
-                         worker_cpu_s=w_cpu, main_cpu_s=m_cpu, start_s=max(0.0, first - typical),
+                         worker_cpu_s=w_cpu, main_cpu_s=m_cpu, start_s=max(0.0, first - make[0]),
                          start_workers=workers, contention=1.0, cpu_s=w_cpu)
 
 

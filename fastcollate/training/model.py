@@ -42,6 +42,7 @@ class Profile:
     start_workers: int = 1
     contention: float = 1.0
     first_s: float = 0.0  # a new loader's first batch beyond the others (cold memory, first calls)
+    epoch_s: float = 0.0  # with 0 workers, each epoch's own cost: a new iterator, the next() that stops it
     cpu_s: float | None = None  # of make_s, the CPU part (the rest is each batch's waiting: I/O, sleeps)
 
     @property
@@ -121,7 +122,7 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
         if W == 0:
             # everything in the main thread, one after the other: no contention, no start-up
             total += simulate(make, 0, 1, step + profile.main_cpu_s, work.batches)
-            total += profile.first_s if epoch == 0 else 0.0
+            total += profile.epoch_s + (profile.first_s if epoch == 0 else 0.0)
             continue
         # uncontended per-batch times, then slowed by what W workers and the main thread ask of
         # the cores (a fixed point: the utilizations depend on the throughput they give); only
