@@ -76,3 +76,26 @@ def test_star_import_needs_no_optional_package():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "NEEDS fastcollate.StatefulDataLoader needs torchdata: pip install torchdata" in r.stdout
+
+
+class _StackedGetitems(torch.utils.data.Dataset):
+    """A batch fetch that returns one stacked tensor: torch's loader refuses it (default_collate
+    hands it to torch.stack), and so must fastcollate's -- code that ran here would break with
+    FASTCOLLATE_DISABLE=1 otherwise."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2,), i)
+
+    def __getitems__(self, idx):
+        return torch.stack([self[i] for i in idx])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_getitems_returning_one_tensor_is_refused_as_torch_refuses_it(workers):
+    with pytest.raises(TypeError):
+        list(torch.utils.data.DataLoader(_StackedGetitems(), batch_size=4, num_workers=workers))
+    with pytest.raises(TypeError, match="must be a list or tuple of samples"):
+        list(fastcollate.DataLoader(_StackedGetitems(), batch_size=4, num_workers=workers))

@@ -368,3 +368,39 @@ def test_equal_keys_built_per_sample_of_every_string_kind():
         default_collate(odd)
     with pytest.raises(KeyError):
         fastcollate.collate(odd)
+
+
+class _Seq(collections.abc.Sequence):
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+_TOP = [torch.full((2,), float(i)) for i in range(3)]
+TOP_LEVEL = {  # the batch itself as a __getitems__ may return it: what default_collate does with each
+    "stacked tensor": torch.stack(_TOP), "tensor of scalars": torch.arange(3), "deque of tensors": collections.deque(_TOP),
+    "Sequence of tensors": _Seq(_TOP), "tuple of tensors": tuple(_TOP), "2-d array": np.ones((3, 2)),
+    "Sequence of ints": _Seq([1, 2, 3]), "Sequence of dicts": _Seq([{"a": t} for t in _TOP]),
+    "deque of arrays": collections.deque([np.ones(2)] * 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOP_LEVEL))
+@pytest.mark.parametrize("backend", ["cpp", "python"])
+def test_a_batch_that_is_not_a_list_is_refused_or_collated_as_torch_does(name, backend):
+    # torch.stack takes a list or a tuple only: a batch of tensors in anything else (a
+    # __getitems__ that returns one stacked tensor) is a TypeError in default_collate
+    batch = TOP_LEVEL[name]
+    collate = fastcollate.Collator(backend=backend)
+    try:
+        want = default_collate(batch)
+    except Exception as exc:
+        with pytest.raises(type(exc), match="must be a list or tuple of samples"):
+            collate(batch)
+    else:
+        assert_same(collate(batch), want)

@@ -267,6 +267,8 @@ class Collator:
             if out is not None:  # counted by the engine (gathered_batches)
                 return out
             batch = list(batch)  # the ordinary path, and its errors
+        elif not isinstance(batch, (list, tuple)) and _first_is_tensor(batch):
+            return reference.collate(batch)  # default_collate refuses it (torch.stack): the same error
         # in_main: outside a worker torch.stack keeps channels_last samples channels_last (in a
         # worker it stacks into a contiguous out= tensor), and large batches may be streamed
         return _ext._C.collate(batch, alloc, threads, reference.collate_subtree, self._pad_engine(batch),
@@ -280,6 +282,13 @@ class Collator:
         except (IndexError, TypeError, KeyError):
             return self.pad.engine()  # the engine reports the empty / odd batch
         return self.pad.engine_for(elem)
+
+
+def _first_is_tensor(batch: Any) -> bool:
+    try:
+        return isinstance(batch[0], torch.Tensor)
+    except Exception:
+        return False
 
 
 DEFAULT_COLLATOR = Collator()  # what fastcollate.collate calls; the ring adopts it

@@ -82,6 +82,11 @@ def _tensors(batch, path, worker, shared):
             # in a worker default_collate first sums the samples' numel(): an AttributeError there
             cls = AttributeError if shared and not hasattr(t, "numel") else TypeError
             raise cls(f"{_where(path)}: sample {i} is {type_name(t)}, sample 0 is a Tensor")
+    if not isinstance(batch, (list, tuple)):
+        # default_collate hands the batch itself to torch.stack, which takes a list or a tuple only
+        raise TypeError(f"{_where(path)}: a batch of tensors must be a list or tuple of samples, got "
+                        f"{type_name(batch)} (torch.stack refuses it, so default_collate does too; a "
+                        f"__getitems__ that returns one stacked tensor should return a list of samples)")
     for i, t in enumerate(batch):
         if t.shape != elem.shape:
             raise RuntimeError(
