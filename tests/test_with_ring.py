@@ -120,19 +120,25 @@ def test_a_class_default_batch_size_none_is_kept(workers, ctx):
     assert not loader.stats()["ring"]
 
 
-def test_a_class_default_or_renamed_num_workers_makes_the_ring():
-    loader = fastcollate.with_ring(lc.TwoWorkers)(lc.data())
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_a_class_default_num_workers_makes_the_ring(ctx):
+    loader = fastcollate.with_ring(lc.TwoWorkers)(lc.data(), multiprocessing_context=ctx)
     assert _same_epochs(loader, lc.TwoWorkers(lc.data())) == 5
     assert loader.stats()["ring_hits"] == 5
-    renamed = fastcollate.with_ring(lc.Renamed)(lc.data(), workers=2)
-    assert _same_epochs(renamed, lc.Renamed(lc.data(), workers=2)) == 5
-    assert renamed.stats()["ring_hits"] == 5
 
 
-def test_a_positional_only_dataset():
-    loader = fastcollate.with_ring(lc.PositionalOnly)(lc.data(), num_workers=2)
+@pytest.mark.parametrize("workers,ctx", CONTEXTS)
+def test_renamed_arguments_are_found_by_what_the_class_passes(workers, ctx):
+    renamed = fastcollate.with_ring(lc.Renamed)(lc.data(), workers=workers, multiprocessing_context=ctx)
+    assert _same_epochs(renamed, lc.Renamed(lc.data(), workers=workers)) == 5
+    assert renamed.stats().get("ring_hits", 0) == (5 if workers else 0)
+
+
+@pytest.mark.parametrize("workers,ctx", CONTEXTS)
+def test_a_positional_only_dataset(workers, ctx):
+    loader = fastcollate.with_ring(lc.PositionalOnly)(lc.data(), num_workers=workers, multiprocessing_context=ctx)
     assert _same_epochs(loader, lc.PositionalOnly(lc.data())) == 5
-    assert loader.stats()["ring_hits"] == 5
+    assert loader.stats().get("ring_hits", 0) == (5 if workers else 0)
 
 
 @pytest.mark.parametrize("workers,ctx", CONTEXTS)
@@ -158,7 +164,9 @@ def test_a_collator_subclass_call_runs_in_workers(workers, ctx):
         assert loader.stats()["ring_hits"] == 5
 
 
-def test_a_class_own_stats_is_kept():
-    loader = fastcollate.with_ring(lc.WithStats)(lc.data(), batch_size=8, num_workers=2)
+@pytest.mark.parametrize("workers,ctx", CONTEXTS)
+def test_a_class_own_stats_is_kept(workers, ctx):
+    loader = fastcollate.with_ring(lc.WithStats)(lc.data(), batch_size=8, num_workers=workers,
+                                                 multiprocessing_context=ctx)
     assert loader.stats() == "mine"
-    assert sum(1 for _ in loader) == 5 and loader.ring_stats()["ring_hits"] == 5
+    assert sum(1 for _ in loader) == 5 and loader.ring_stats().get("ring_hits", 0) == (5 if workers else 0)
