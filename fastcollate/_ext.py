@@ -12,6 +12,7 @@ warning, so a missing build degrades instead of failing the training job.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import warnings
@@ -85,6 +86,12 @@ else:
                 _C = None
                 LOAD_ERROR = _refuse_or_fall_back(_buildinfo.message(compiled, RUNNING, _problems, rebuild_command(), loaded=True))
 del _problems
+
+if _C is not None and hasattr(_C, "close_for_exit"):
+    # before Python finalizes, threads still inside the engine (daemon threads collating) are let
+    # finish their copy and parked: taking the GIL back during finalization would abort the
+    # process after the program has finished (see csrc/python/nogil.h)
+    atexit.register(_C.close_for_exit, 2.0)
 
 
 def backend() -> str:

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 
 namespace fastcollate {
 namespace {
@@ -23,7 +24,7 @@ std::string take_error(cudaError_t err) {
 std::string host_register(uintptr_t ptr, size_t nbytes) {
   cudaError_t err;
   {
-    pybind11::gil_scoped_release no_gil;  // pinning a large range takes milliseconds
+    NoGil no_gil;  // pinning a large range takes milliseconds
     err = cudaHostRegister(reinterpret_cast<void*>(ptr), nbytes, cudaHostRegisterPortable);
   }
   return take_error(err);
@@ -32,7 +33,7 @@ std::string host_register(uintptr_t ptr, size_t nbytes) {
 std::string host_unregister(uintptr_t ptr) {
   cudaError_t err;
   {
-    pybind11::gil_scoped_release no_gil;
+    NoGil no_gil;
     err = cudaHostUnregister(reinterpret_cast<void*>(ptr));
   }
   return take_error(err);

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 #include "engine/arena_pool.h"
 #include "engine/gather_rows.h"
 #include "python/pad.h"
@@ -40,7 +41,7 @@ py::object collate(py::handle batch, py::handle alloc_fn, int num_threads, py::h
   at::Tensor arena;
   if (plan.tensor_leaves > 0) {
     arena = alloc_fn.is_none() ? pool_allocate(plan.nbytes) : checked_arena(alloc_fn, plan.nbytes);
-    py::gil_scoped_release no_gil;
+    NoGil no_gil;
     run_copies(plan, arena, num_threads, in_main);
   }
   py::object out = assemble(plan, arena, batch);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 #include "engine/arena.h"
 #include "engine/arena_pool.h"
 #include "engine/copy.h"
@@ -27,7 +28,7 @@ void copy_bytes(const at::Tensor& dst, const at::Tensor& src, int num_threads, i
   for (size_t off = 0; off < n; off += static_cast<size_t>(piece_bytes)) {
     pieces.push_back({s + off, off, std::min(n - off, static_cast<size_t>(piece_bytes))});
   }
-  py::gil_scoped_release no_gil;
+  NoGil no_gil;
   copy_pieces(pieces, static_cast<uint8_t*>(dst.data_ptr()), num_threads);
 }
 

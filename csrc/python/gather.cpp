@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 #include "engine/gather_rows.h"
 #include "python/plan.h"
 
@@ -115,7 +116,7 @@ py::list gather(const at::Tensor& arena, const py::list& specs, int num_threads)
     jobs.push_back(j);
   }
   {
-    py::gil_scoped_release no_gil;
+    NoGil no_gil;
     run_jobs(jobs, total, num_threads);
   }
   g_gathered_batches.fetch_add(1, std::memory_order_relaxed);

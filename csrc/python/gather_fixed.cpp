@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 #include "engine/arena_pool.h"
 #include "engine/gather_rows.h"
 #include "python/plan.h"
@@ -102,7 +103,7 @@ class FixedGather {
       total += c.row_bytes * B;
     }
     {
-      py::gil_scoped_release no_gil;
+      NoGil no_gil;
       run_jobs(jobs, total, num_threads);
     }
     g_gathered_batches.fetch_add(1, std::memory_order_relaxed);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "bindings/register.h"
+#include "python/nogil.h"
 #include "engine/ring_state.h"
 #include "engine/shared_fd.h"
 #include "python/plan.h"
@@ -210,7 +211,7 @@ bool ring_populate(const at::Tensor& view) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data_ptr()) & ~(page - 1);
   const uintptr_t end = reinterpret_cast<uintptr_t>(view.data_ptr()) + nbytes;
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   return madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite) == 0;
 }
 
@@ -240,7 +241,7 @@ void register_ring_ops(pybind11::module_& m) {
   m.def(
       "read_fd",
       [](int fd, int64_t nbytes, const at::Tensor& out) {
-        py::gil_scoped_release no_gil;
+        NoGil no_gil;
         read_fd(fd, nbytes, out);
       },
       pybind11::arg("fd"), pybind11::arg("nbytes"), pybind11::arg("out"));
