@@ -86,33 +86,47 @@ def test_no_attribute_torchs_loader_lacks():
 
 HOLD = r"""
 import resource, sys, torch, fastcollate
-limit = int(sys.argv[1]); n = int(sys.argv[2])
+limit, n, width = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 class DS(torch.utils.data.Dataset):
     def __len__(self):
         return n
     def __getitem__(self, i):
-        return {"x": torch.full((4,), i, dtype=torch.int32), "y": i}
+        return {"x": torch.full((width,), i, dtype=torch.int32), "y": i}
 
 loader = fastcollate.DataLoader(DS(), batch_size=1, num_workers=2, prefetch_factor=4)
 held = list(loader)
 assert len(held) == n
 for i, b in enumerate(held):
-    assert b["y"].item() == i and int(b["x"][0, 3]) == i, i
+    assert b["y"].item() == i and int(b["x"][0, 0]) == i and int(b["x"][0, -1]) == i, i
 stats = loader.stats()
 assert stats["ring_fallbacks"] >= n - stats["ring_slots"], stats   # most of them outside the ring
 print("held", len(held), "fds", len(__import__("os").listdir("/proc/self/fd")), stats["ring_fallbacks"])
 """
 
 
-@pytest.mark.parametrize("n", [int(os.environ.get("FASTCOLLATE_HELD_BATCHES", 20000))])
-def test_held_batches_keep_no_file_descriptors(n):
-    out = subprocess.run([sys.executable, "-c", HOLD, "1024", str(n)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
+def _hold(n, width=4, limit=1024, env=None):
+    out = subprocess.run([sys.executable, "-c", HOLD, str(limit), str(n), str(width)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1200, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]
     _, count, _, fds, fallbacks = out.stdout.split()[:5]
     assert int(count) == n and int(fds) < 64 and int(fallbacks) > n // 2, out.stdout
+
+
+# 100,000 small batches read into the main process (each ~5 ms of a 2-core machine's time);
+# FASTCOLLATE_HELD_BATCHES sets another count
+@pytest.mark.parametrize("n", [int(os.environ.get("FASTCOLLATE_HELD_BATCHES", 100_000))])
+def test_held_batches_keep_no_file_descriptors(n):
+    _hold(n, limit=1024)
+
+
+def test_held_mapped_batches_keep_no_file_descriptors():
+    # arenas of 4 MB and more are mapped, not read: the mapping keeps the pages, not the descriptor.
+    # FASTCOLLATE_MAP_BYTES=0 maps every one, so that small batches take that path too, by the
+    # thousand, under a limit far below their count
+    _hold(3000, width=1024, limit=256, env={"FASTCOLLATE_MAP_BYTES": "0"})
+    _hold(40, width=(5 << 20) // 4, limit=32)  # 5 MB batches: mapped at the default threshold
 
 
 def _reader(queue, results):
@@ -120,10 +134,18 @@ def _reader(queue, results):
     results.put((batch["x"].sum().item(), batch["y"].tolist()))
 
 
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_a_held_batch_sent_on_to_another_process(method):
-    loader = fastcollate.DataLoader(lc.data(), batch_size=8, num_workers=2, prefetch_factor=1)
-    held = list(loader)  # 5 batches: some in ring slots, some (with prefetch 1) maybe not
+def test_a_held_batch_sent_on_to_another_process(method, mapped, monkeypatch):
+    from fastcollate.loader import wire
+
+    monkeypatch.setattr(wire, "MAP_MIN_BYTES", 0 if mapped else 1 << 40)
+    # 40 batches held, a ring of 2 x 1 + 5 slots: the first batches are ring slots, the last are
+    # arenas received outside the ring (read into this process's memory, or mapped)
+    loader = fastcollate.DataLoader(lc.data(320), batch_size=8, num_workers=2, prefetch_factor=1)
+    held = list(loader)
+    stats = loader.stats()
+    assert stats["ring_fallbacks"] >= len(held) - stats["ring_slots"] > 0, stats
     ctx = torch.multiprocessing.get_context(method)
     for batch in (held[0], held[-1]):
         q, results = ctx.Queue(), ctx.Queue()
