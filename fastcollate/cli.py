@@ -198,6 +198,11 @@ class _BenchRun:
 def _peers(args: argparse.Namespace) -> int:
     from ._bench import peers
 
+    if args.workers is not None and args.workers < 0:
+        raise CliError(f"--workers must be >= 0, got {args.workers}")
+    # the image-folder workload writes JPEGs with Pillow: checked before any peer runs
+    if not args.peer_workloads or "images" in args.workloads.split(","):
+        _need_module("PIL", "bench --peers (its image-folder workload)", "pillow")
     workers = args.workers if args.workers is not None else 2
     result = peers.run_peers(workers=workers, rounds=1 if args.quick else min(args.rounds, 5), quick=args.quick,
                              progress=_progress, only=args.workloads.split(",") if args.peer_workloads else None)
@@ -315,6 +320,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.budget <= 0:
         raise CliError(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.epochs < 1:
+        raise CliError(f"--epochs must be >= 1, got {args.epochs}")
     workers = _workers_list(args.workers)
     _dataset_needs(args.dataset)
     ds = _load_dataset(args.dataset)
@@ -391,10 +398,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from .training.doctor import doctor
         from .training.doctor_text import format_diagnosis
 
+        from .training.doctor import LoaderArgumentsError
+
         ds = _load_dataset(args.dataset)
-        d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader, verify=args.fix,
-                   budget_s=args.budget, trace=args.trace, plot=args.plot, progress=lambda m: _progress(f"doctor: {m}"),
-                   **kwargs)
+        try:
+            d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader, verify=args.fix,
+                       budget_s=args.budget, trace=args.trace, plot=args.plot,
+                       progress=lambda m: _progress(f"doctor: {m}"), **kwargs)
+        except LoaderArgumentsError as exc:
+            raise CliError(f"--loader-kwargs: {str(exc).removeprefix('fastcollate.doctor: ')}") from None
         print(format_diagnosis(d, args.dataset))
         if args.json:
             with open(args.json, "w") as f:

@@ -156,6 +156,13 @@ def test_bench_markdown_refuses_a_missing_folder(tmp_path):
     (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", "[1]"], "JSON object"),
     (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", "{nope"], "JSON object"),
     (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", '{"num_workers": -2}'], "num_workers"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", '{"num_workers": 2, "prefetch_factor": 0}'],
+     "prefetch_factor"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", '{"prefetch_factor": 2}'], "prefetch_factor"),
+    (["doctor", "--dataset", "cli_dataset:DATASET", "--loader-kwargs", '{"num_workers": 1, "timeout": -1}'],
+     "timeout"),
+    (["tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "4", "--epochs", "0"], "--epochs"),
+    (["bench", "--peers", "--workers", "-1"], "--workers"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_one_line_nonzero(args, needle):
@@ -187,7 +194,10 @@ def test_a_missing_optional_package_is_one_line_before_any_run(tmp_path):
         "sys.exit(main(sys.argv[1:]))\n")
     cases = [(["doctor", "--dataset", "fastcollate._bench.images:dataset"], "pillow"),
              (["tune", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "4"], "pillow"),
-             (["doctor", "--dataset", "cli_dataset:DATASET", "--plot", str(tmp_path / "p.png")], "matplotlib")]
+             (["doctor", "--dataset", "cli_dataset:DATASET", "--plot", str(tmp_path / "p.png")], "matplotlib"),
+             (["bench", "--peers", "--quick"], "pillow"),
+             (["bench", "--quick", "--workloads", "tiny", "--no-train", "--plot", str(tmp_path / "b.png")],
+              "matplotlib")]
     for args, needle in cases:
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=TESTS,
                            env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + TESTS})

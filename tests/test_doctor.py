@@ -106,7 +106,7 @@ def test_many_fields_with_default_collate():
 
 def test_compute_bound_step_gets_no_change():
     d, info = check(dd.Cheap(n=256), 32, epochs=1, step=dd.compute_step(0.05), num_workers=0)
-    assert not d.proposal["changes"] or d.proposal["predicted_samples_per_s"] < 1.1 * d.baseline["predicted_samples_per_s"]
+    assert not d.proposal["changes"], info  # nothing predicts 5%: nothing is measured, nothing changes
     assert d.bottleneck == "compute", info
     assert any("no loader change will help" in f for f in d.findings), info
     assert d.ceiling_samples_per_s is not None
@@ -156,3 +156,43 @@ def test_diagnosis_is_json_and_code():
 def test_bad_arguments(bad, msg):
     with pytest.raises(ValueError, match=msg):
         fastcollate.doctor(dd.Cheap(n=8), **bad)
+
+
+def _own_collate(items):
+    out = tud.default_collate(items)
+    out["own"] = len(items)
+    return out
+
+
+@pytest.mark.parametrize("loader", ["torch", "fastcollate"])
+def test_your_own_collate_stays_in_every_proposal(loader):
+    # the user's collate_fn must never be swapped for another: the proposal keeps it, in the
+    # loader they use (fastcollate.DataLoader with a custom collate once crashed the doctor)
+    d = fastcollate.doctor(dd.Cheap(n=64), batch_size=16, epochs=1, loader=loader, verify=False,
+                           collate_fn=_own_collate, num_workers=0)
+    assert d.proposal["loader"] == loader
+    assert all(p["setting"]["kind"] == ("fastcollate" if loader == "fastcollate" else "torch")
+               for p in d.predictions)
+    assert next(iter(d.loader(dd.Cheap(n=64))))["own"] == 16
+
+
+def test_no_advice_to_use_what_is_already_used():
+    class Batched(dd.Cheap):
+        def __getitems__(self, idx):
+            return [self[i] for i in idx]
+
+    d = fastcollate.doctor(Batched(n=256), batch_size=32, epochs=2, num_workers=0, verify=False)
+    assert not any("__getitems__" in f for f in d.findings), d.findings
+    cached = fastcollate.Cached(dd.Expensive(n=64, per_sample=1e-4))
+    d = fastcollate.doctor(cached, batch_size=16, epochs=2, num_workers=0, verify=False)
+    assert not d.proposal["cache"] and not any("Cached(" in f for f in d.findings), d.findings
+
+
+def test_the_loader_arguments_are_checked_before_anything_runs():
+    from fastcollate.training.doctor import LoaderArgumentsError
+
+    for kw, msg in ((dict(num_workers=2, prefetch_factor=0), "prefetch_factor"),
+                    (dict(prefetch_factor=2), "prefetch_factor"), (dict(num_workers=-1), "num_workers"),
+                    (dict(num_workers=1, multiprocessing_context="nope"), "multiprocessing_context")):
+        with pytest.raises(LoaderArgumentsError, match=msg):
+            fastcollate.doctor(dd.Cheap(n=8), batch_size=4, **kw)

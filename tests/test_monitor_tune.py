@@ -119,6 +119,38 @@ def test_tune_loader_never_calls_noise_a_win():
     for a in (120, 118, 125):
         faster.runs.append(measure.Run(a, 1, 1.0, [1.0], 0.1))
     assert measure.paired(base, faster)["win"] and measure.paired(faster, base)["loss"]
+    # two rounds decide only a clear margin: a 3% lead in both of two rounds happens by chance 1 in 4
+    two, close = measure.Arm("two"), measure.Arm("close")
+    for a, b in ((100, 103), (100, 104)):
+        two.runs.append(measure.Run(a, 1, 1.0, [1.0], 0.1))
+        close.runs.append(measure.Run(b, 1, 1.0, [1.0], 0.1))
+    assert not measure.paired(two, close)["win"] and not measure.paired(close, two)["loss"]
+    clear = measure.Arm("clear")
+    for b in (115, 120):
+        clear.runs.append(measure.Run(b, 1, 1.0, [1.0], 0.1))
+    assert measure.paired(two, clear)["win"]
+
+
+def test_tune_loader_picks_no_winner_from_one_round_of_noise():
+    from fastcollate.training.tune import TuneResult, choose
+
+    def row(w, sps, lo, hi, rounds):
+        return {"loader": "torch", "num_workers": w, "prefetch_factor": 2, "samples_per_s": sps, "min": lo, "max": hi,
+                "rounds": rounds}
+
+    # one round each: 4% apart is not told apart -- the cheaper setting, called a tie
+    pick, tied = choose([row(0, 1000, 1000, 1000, 1), row(2, 1040, 1040, 1040, 1)])
+    assert pick["num_workers"] == 0 and len(tied) == 2
+    res = TuneResult(best={"num_workers": 0}, table=[], tied=tied, rounds=1)
+    assert "one round" in res.verdict() and "every round" not in res.verdict()
+    # one round, 1.5x apart: the faster, but said to be unconfirmed
+    pick, tied = choose([row(0, 1000, 1000, 1000, 1), row(2, 1500, 1500, 1500, 1)])
+    assert pick["num_workers"] == 2 and len(tied) == 1
+    assert "one round" in TuneResult(best={"num_workers": 2}, table=[], rounds=1).verdict()
+    # ranges over rounds that overlap: tied; apart: the faster
+    assert len(choose([row(0, 1000, 950, 1100, 3), row(2, 1050, 1020, 1080, 3)])[1]) == 2
+    pick, tied = choose([row(0, 1000, 950, 1010, 3), row(2, 1200, 1150, 1250, 3)])
+    assert pick["num_workers"] == 2 and len(tied) == 1
 
 
 def test_tune_loader_bad_arguments():

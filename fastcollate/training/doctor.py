@@ -30,6 +30,7 @@ import torch.utils.data as tud
 from ..core.collator import collate as fast_collate, usable_cores
 from . import measure, model
 from .doctor_look import Look, deterministic, look, probe, replay_ceiling, waiting_share
+from .doctor_words import MIN_GAIN
 from .memory import available_bytes
 
 KINDS = {"torch": "torch's DataLoader, default_collate", "torch+fastcollate": "torch's DataLoader, fastcollate.collate",
@@ -84,6 +85,8 @@ class _Builder:
         self.batch_size = batch_size
         self.kwargs = dict(kwargs)
         self.user_collate = self.kwargs.pop("collate_fn", None)
+        self.prefetch_factor = self.kwargs.get("prefetch_factor")
+        self.given = dict(kwargs)  # as the user passed them
         for k in ("num_workers", "prefetch_factor", "persistent_workers"):
             self.kwargs.pop(k, None)
 
@@ -97,7 +100,9 @@ class _Builder:
             kw.pop("timeout", None)
         if s.kind == "torch+fastcollate":
             kw["collate_fn"] = fast_collate
-        elif self.user_collate is not None and s.kind == "torch":
+        elif self.user_collate is not None and not (s.kind == "torch" and self.user_collate is fast_collate):
+            # the user's own collate goes with every loader kind: its results must not change
+            # (fastcollate.DataLoader keeps it too, on the exact path where the ring cannot serve it)
             kw["collate_fn"] = self.user_collate
         return kw
 
@@ -106,7 +111,7 @@ class _Builder:
             from ..loader.dataloader import DataLoader as RingLoader
 
             ds = dataset
-            if s.cache:
+            if s.cache and not _is_cached(dataset):
                 from ..data.cache import Cached
 
                 ds = Cached(dataset)
@@ -115,12 +120,41 @@ class _Builder:
         return build
 
 
-def _kinds(user_collate: Any) -> list[str]:
+def _kinds(user_collate: Any, base_kind: str) -> list[str]:
     if user_collate in _DEFAULT_COLLATES:
         return ["torch", "torch+fastcollate", "fastcollate"]
     if user_collate is fast_collate:
         return ["torch+fastcollate", "fastcollate"]
-    return ["torch"]  # the user's own collate: its results must not change
+    return [base_kind]  # the user's own collate, in the loader they use: its results must not change
+
+
+class LoaderArgumentsError(ValueError):
+    """The DataLoader arguments given to the doctor are refused by the loader itself."""
+
+
+def _check_arguments(builder: _Builder, base: model.Setting, dataset: Any) -> None:
+    """The user's settings, constructed once before anything runs: torch checks most of its
+    arguments there (the rest -- prefetch_factor -- only when an epoch starts, as an assert)."""
+    pf = builder.prefetch_factor
+    if pf is not None and (not isinstance(pf, int) or pf < 1):
+        raise LoaderArgumentsError(f"fastcollate.doctor: prefetch_factor must be a whole number >= 1, got {pf!r}")
+    from ..loader.dataloader import DataLoader as RingLoader
+
+    cls = RingLoader if base.kind == "fastcollate" else tud.DataLoader
+    try:
+        cls(dataset, batch_size=builder.batch_size, **builder.given)
+    except (ValueError, TypeError) as exc:
+        raise LoaderArgumentsError(f"fastcollate.doctor: the DataLoader refuses your arguments: {exc}") from exc
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) else None
+
+
+def _is_cached(dataset: Any) -> bool:
+    from ..data.cache import Cached
+
+    return isinstance(dataset, Cached)
 
 
 def _base_kind(loader: str, user_collate: Any) -> str:
@@ -163,10 +197,11 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
     t_start = time.monotonic()
     builder = _Builder(batch_size, loader_kwargs)
     user_collate = builder.user_collate
-    kinds = _kinds(user_collate)
-    base_w = int(loader_kwargs.get("num_workers", 0))
-    base = model.Setting(_base_kind(loader, user_collate), base_w, int(loader_kwargs.get("prefetch_factor") or 2),
+    kinds = _kinds(user_collate, _base_kind(loader, user_collate))
+    base_w = _int(loader_kwargs.get("num_workers", 0)) or 0
+    base = model.Setting(_base_kind(loader, user_collate), base_w, _int(loader_kwargs.get("prefetch_factor")) or 2,
                          bool(loader_kwargs.get("persistent_workers", False)) and base_w > 0)
+    _check_arguments(builder, base, dataset)
     cores = usable_cores()
     cache_bytes = 0
     drop_last = bool(loader_kwargs.get("drop_last", False))
@@ -191,7 +226,9 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
             profiles[(kind, with_workers)] = probe(builder.make(s, dataset), w, kind, work.batches, seen)
 
     cache_ok, cache_why = False, "not checked"
-    if epochs > 1:
+    if epochs > 1 and _is_cached(dataset):
+        cache_why = "it is a fastcollate.Cached already"
+    elif epochs > 1:
         from ..data.cache import Cached, default_max_bytes
 
         det = deterministic(dataset)
@@ -239,6 +276,10 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
             break
         if s.key() != base.key() and all(s.kind != q.kind or s.cache != q.cache for q in picks):
             picks.append(s)
+    # only what the model says is worth it: below MIN_GAIN the findings say "your settings stay",
+    # and a measured "win" there would be two tied settings that happened to alternate well
+    rate = {s.key(): r for r, s, _ in predicted}
+    picks = [s for s in picks if rate[s.key()] >= MIN_GAIN * base_pred]
 
     arms: dict[str, Callable[[], Any]] = {"yours": builder.make(base, dataset)}
     for i, s in enumerate(picks):
@@ -277,11 +318,12 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
                 "measured_samples_per_s": measured[chosen_name].median if chosen_name in measured else None,
                 "measured_ratio": verdict, "memory_mb": _memory_cost(chosen, seen, bytes_per_batch, cache_bytes)}
     baseline = {"settings": _jsonable(builder.settings(base)), "loader": loader,
-                "samples_per_s": base_arm.median if base_arm else seen.samples_per_s,
+                # without the measuring rounds (verify=False), the traced run's rate: tracing included
+                "samples_per_s": base_arm.median if base_arm else seen.samples_per_s, "measured": bool(base_arm),
                 "predicted_samples_per_s": base_pred,
                 "spread": base_arm.spread() if base_arm else None}
     words = findings(seen, base, chosen, picks, verdict, work, ceiling, cache_ok, cache_why, seen.memory,
-                     base_pred, rate_of(chosen), verify)
+                     base_pred, rate_of(chosen), verify, batched=hasattr(dataset, "__getitems__"))
     d = Diagnosis(bottleneck=bottleneck_of(seen, base, chosen, work, base_pred, rate_of(chosen)), baseline=baseline,
                   proposal=proposal, ceiling_samples_per_s=ceiling, memory=seen.memory, findings=words,
                   elapsed_s=time.monotonic() - t_start,
@@ -328,4 +370,4 @@ def default_progress(msg: str) -> None:
     print(f"doctor: {msg}", flush=True)
 
 
-__all__ = ["Diagnosis", "doctor"]
+__all__ = ["Diagnosis", "doctor", "LoaderArgumentsError"]

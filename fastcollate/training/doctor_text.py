@@ -16,7 +16,9 @@ def format_diagnosis(d: Any, dataset: str = "dataset") -> str:
              f"{'samples/s':<22} {'your settings':>16} {'proposal':>16}",
              f"{'  predicted':<22} {_rate(b.get('predicted_samples_per_s')):>16} {_rate(p['predicted_samples_per_s']):>16}",
              f"{'  measured':<22} {_rate(b['samples_per_s']):>16} "
-             f"{_rate(p['measured_samples_per_s'] if not same else b['samples_per_s']):>16}"]
+             f"{_rate(p['measured_samples_per_s'] if not same else b['samples_per_s']):>16}"
+             if b.get("measured", True) else
+             f"{'  traced (not timed)':<22} {_rate(b['samples_per_s']):>16} {'-':>16}"]
     spread = b.get("spread")
     if spread and spread.get("rounds"):
         lines.append(f"{'  your spread':<22} {spread['min']:,.0f}-{spread['max']:,.0f} over {spread['rounds']} rounds")

@@ -7,6 +7,8 @@ from typing import Any
 
 from . import model
 
+MIN_GAIN = 1.05  # a predicted gain below this is no reason to change anything
+
 _KIND_WORDS = {"torch": "torch's DataLoader with default_collate",
                "torch+fastcollate": "torch's DataLoader with collate_fn=fastcollate.collate",
                "fastcollate": "fastcollate.DataLoader (its workers write into a recycled ring)"}
@@ -34,13 +36,15 @@ def bottleneck_of(seen: Any, base: model.Setting, chosen: model.Setting, work: m
                   chosen_rate: float) -> str:
     """The stage that limits the user's loop: the station with the largest demand per batch (the
     step is 'compute'; worker start-up, spread over the batches, is 'startup'); 'straggler'
-    when rare slow batches, delivered in order, cost more than their mean."""
+    when rare slow batches, delivered in order, cost more than their mean. A slow batch is one
+    whose fetch took far more CPU or waiting than the typical one (seen.spikes_s) -- not one that
+    a busy machine's scheduler held up, which on a cheap dataset is most of the outliers."""
     st = _stations(seen, base, work)
     name = max(st, key=st.__getitem__)
     make = seen.profile.make_s
     if name in ("dataset", "collate") and base.num_workers and len(make) >= 8:
         med = statistics.median(make)
-        if med > 0 and max(make) > 5 * med:
+        if med > 0 and max(seen.spikes_s, default=0.0) > 4 * med:
             return "straggler"
     return name
 
@@ -62,7 +66,8 @@ def changes(base: model.Setting, chosen: model.Setting) -> list[str]:
 
 def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[model.Setting],
              verdict: dict[str, Any] | None, work: model.Workload, ceiling: float | None, cache_ok: bool,
-             cache_why: str, memory: dict[str, Any], base_rate: float, chosen_rate: float, verified: bool) -> list[str]:
+             cache_why: str, memory: dict[str, Any], base_rate: float, chosen_rate: float, verified: bool,
+             batched: bool = False) -> list[str]:
     p = seen.profile
     out: list[str] = []
     st = _stations(seen, base, work)
@@ -77,7 +82,7 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
                    f"{'once' if base.persistent_workers else 'every epoch'}")
     limit = max(st, key=st.__getitem__)
     gain_pred = chosen_rate / base_rate if base_rate > 0 else 1.0
-    if not picks or gain_pred < 1.05:
+    if not picks or gain_pred < MIN_GAIN:
         if limit == "compute":
             out.append(f"the step takes {_ms(work.step_s)} a batch, more than anything the loader does: no loader "
                        "change will help (predicted gain ~1.0x); speed comes from the model side")
@@ -105,12 +110,15 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
         out.append("predicted only (not measured): run it with verify=True (CLI: --fix) to apply and measure it")
     if work.epochs > 1:
         if cache_ok and not chosen.cache:
-            out.append(f"the dataset could be cached ({cache_why}), but the cache did not win here")
+            tried = verified and any(q.cache for q in picks)
+            out.append(f"the dataset could be cached ({cache_why}), but "
+                       + ("the cache did not win here" if tried else "the model predicts no gain from it here"))
         elif not cache_ok and fetch > 0.5 * max(st.values(), default=0) and "not deterministic" in cache_why:
             out.append("the dataset is not deterministic, so it is not cached; if its random part is an "
                        "augmentation, cache the deterministic loading and keep the augmentation after it: "
                        "fastcollate.Cached(base, transform=augment)")
-    if per_sample > 0 and work.batch_size >= 8 and fetch > 0 and per_sample < 50e-6 and limit == "dataset":
+    if (not batched and per_sample > 0 and work.batch_size >= 8 and fetch > 0 and per_sample < 50e-6
+            and limit == "dataset"):
         out.append("each sample costs little but is fetched one by one: a dataset with __getitems__ (or "
                    "fastcollate.ArrayDataset over arrays) fetches a batch in one call")
     if memory.get("finding") == "copy_on_write":

@@ -111,7 +111,11 @@ class Arm:
 
 def paired(base: Arm, other: Arm) -> dict[str, Any]:
     """other / base, round by round: the median ratio, its range, and whether ``other`` is a win
-    (faster in every round) or a loss (slower in every round); otherwise the two are tied."""
+    (faster in every round) or a loss (slower in every round); otherwise the two are tied.
+
+    Two settings that are the same win every one of n rounds by chance 1 in 2**n: 1 in 4 for two
+    rounds. So a side wins in two rounds only by a clear margin (every round >= CLEAR_MARGIN);
+    a smaller difference must hold over three rounds at least (1 in 8) -- else it is a tie."""
     ratios = [o.samples_per_s / b.samples_per_s for b, o in zip(base.runs, other.runs) if b.samples_per_s > 0]
     if not ratios:
         return {"ratio": 1.0, "min": 1.0, "max": 1.0, "win": False, "loss": False, "rounds": 0}
@@ -119,11 +123,18 @@ def paired(base: Arm, other: Arm) -> dict[str, Any]:
     # more: a preemption can double a run of a few milliseconds); otherwise every round of at
     # least two must agree
     long_enough = all(r.wall_s >= MIN_DECISIVE_S for r in base.runs[:1] + other.runs[:1])
-    decided = len(ratios) >= 2 or (long_enough and not (1 / OVERWHELMING < ratios[0] < OVERWHELMING))
-    return {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "win": decided and min(ratios) > 1.0, "loss": decided and max(ratios) < 1.0, "rounds": len(ratios)}
+    lo, hi = min(ratios), max(ratios)
+    if len(ratios) >= 3:
+        win, loss = lo > 1.0, hi < 1.0
+    elif len(ratios) == 2:
+        win, loss = lo >= CLEAR_MARGIN, hi <= 1 / CLEAR_MARGIN
+    else:
+        win = long_enough and lo >= OVERWHELMING
+        loss = long_enough and hi <= 1 / OVERWHELMING
+    return {"ratio": statistics.median(ratios), "min": lo, "max": hi, "win": win, "loss": loss, "rounds": len(ratios)}
 
 
+CLEAR_MARGIN = 1.10  # two rounds decide a difference only when each round shows at least this
 OVERWHELMING = 3.0  # a paired ratio past this (or under its inverse) is decided in one round
 MIN_DECISIVE_S = 0.2
 

@@ -33,6 +33,7 @@ class TuneResult:
     loader_kind: str = "torch"  # "torch" (torch.utils.data.DataLoader) or "fastcollate" (fastcollate.DataLoader)
     tied: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows within the spread of the fastest
     batch_size: int = 1
+    rounds: int = 0  # rounds the chosen setting was measured
 
     def loader(self, dataset: Any, **overrides: Any) -> Any:
         """A loader over ``dataset`` with the chosen settings."""
@@ -58,8 +59,13 @@ class TuneResult:
         name = f"{self.loader_kind} loader, num_workers={top.get('num_workers')}"
         if len(self.tied) > 1:
             others = ", ".join(f"{r['loader']}/{r['num_workers']}w/pf{r['prefetch_factor']}" for r in self.tied[1:4])
-            return (f"best: {name} -- tied within the spread with {others}: the fastest median is not a win over "
+            how = ("within 10% of each other in the one round the budget allowed" if self.rounds < 2
+                   else "tied within the spread")
+            return (f"best: {name} -- {how} with {others}: the fastest median is not a win over "
                     "them; the one with the fewest workers is chosen")
+        if self.rounds < 2:
+            return (f"best: {name} (ahead of every other setting by more than 10% in the one round the budget "
+                    "allowed; raise budget_s for a spread)")
         return f"best: {name} (faster than every other setting in every round)"
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,18 +183,28 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
     measured = [r for r, cfg in zip(table, configs) if r["samples_per_s"] > 0]
     if not measured:
         raise RuntimeError("tune_loader: no configuration produced a measurement within the budget; raise budget_s")
-    top = max(measured, key=lambda r: r["samples_per_s"])
-    # a setting whose range reaches the fastest one's is not beaten by it
-    tied = sorted([r for r in measured if r["max"] >= top["min"] and r["rounds"] >= 1],
-                  key=lambda r: (-r["samples_per_s"]))
-    pick = min(tied, key=lambda r: (r["num_workers"], -r["samples_per_s"])) if len(tied) > 1 else top
+    pick, tied = choose(measured)
     best = _kwargs(pick["loader"], pick["num_workers"], pick["prefetch_factor"], collate_fn, shuffle)
     best["pin_memory"] = pick["pin_memory"]
     best.pop("shuffle", None)
     if shuffle:
         best["shuffle"] = True
     return TuneResult(best=best, table=table, loader_kind="fastcollate" if pick["loader"] == "fastcollate" else "torch",
-                      tied=tied if len(tied) > 1 else [], batch_size=batch_size)
+                      tied=tied if len(tied) > 1 else [], batch_size=batch_size, rounds=pick["rounds"])
+
+
+def choose(measured: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The setting to pick among measured rows, and the rows tied with the fastest: a setting whose
+    range over its rounds reaches the fastest one's is not beaten by it; a row of one round has no
+    range, and one round tells apart only differences beyond measure.CLEAR_MARGIN. Among tied
+    rows, the one with the fewest workers (the cheapest) is chosen."""
+    top = max(measured, key=lambda r: r["samples_per_s"])
+    tied = sorted([r for r in measured if r["max"] >= top["min"]
+                   or (min(r["rounds"], top["rounds"]) < 2
+                       and r["samples_per_s"] * measure.CLEAR_MARGIN >= top["samples_per_s"])],
+                  key=lambda r: -r["samples_per_s"])
+    pick = min(tied, key=lambda r: (r["num_workers"], -r["samples_per_s"])) if len(tied) > 1 else top
+    return pick, tied
 
 
 def _every(n: int, fn: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
