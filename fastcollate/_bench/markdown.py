@@ -101,7 +101,9 @@ def collate_markdown(rows: list[dict[str, Any]], argv: Sequence[str], *, backend
         "",
         "*speedup* = default_collate's time / fastcollate's, measured side by side in each round; *of memcpy* = a "
         "`Tensor.copy_` of the same bytes into a reused buffer / fastcollate's time (the ceiling for large batches; "
-        "— below 1 MB, where the cost is per leaf, not per byte). Each is the median over rounds, with its min-max "
+        "from 8 MB fastcollate writes with streaming stores, which skip reading each destination line first, and "
+        "may reach 150% of it; — below 1 MB, where the cost is per leaf, not per byte). Each is the median over "
+        "rounds, with its min-max "
         f"over rounds in brackets; *noise* marks ({noise.MARK}) a row whose figures cannot be trusted, the reasons "
         "below the table.",
         "",
