@@ -82,9 +82,11 @@ def write_folder(root: str, n: int = 256, size: int = 320, classes: int = 10, se
 
 
 class ImageFolder(Dataset):
-    """(image, label): decode, random resized crop to ``crop``, random flip, CHW uint8 view."""
+    """(image, label): decode, random resized crop to ``crop``, random flip, CHW uint8 view. The
+    crop and flip of sample i are drawn from ``seed`` and i (the same every epoch: a benchmark's
+    repeatable work), or, with ``seed=None``, afresh at every fetch, as a training pipeline does."""
 
-    def __init__(self, items: list[tuple[str, int]], crop: int = 224, seed: int = 0,
+    def __init__(self, items: list[tuple[str, int]], crop: int = 224, seed: int | None = 0,
                  folder: Folder | None = None) -> None:
         self.items, self.crop, self.seed = items, crop, seed
         self.folder = folder  # keeps the files alive as long as this dataset
@@ -100,7 +102,7 @@ class ImageFolder(Dataset):
         from PIL import Image
 
         path, label = self.items[i]
-        rng = np.random.default_rng((self.seed, i))
+        rng = np.random.default_rng() if self.seed is None else np.random.default_rng((self.seed, i))
         with Image.open(path) as im:
             img = im.convert("RGB")
         w, h = img.size
@@ -123,6 +125,13 @@ def dataset(n: int = 256, size: int = 320, crop: int = 224) -> ImageFolder:
     if folder is None:
         folder = _FOLDERS[(n, size)] = Folder(n, size)
     return ImageFolder(folder.items, crop, folder=folder)
+
+
+def augmented(n: int = 256, size: int = 320, crop: int = 224) -> ImageFolder:
+    """The same JPEGs with a new random crop and flip at every fetch (``doctor --dataset
+    fastcollate._bench.images:augmented``): a training pipeline, which no cache may serve."""
+    ds = dataset(n, size, crop)
+    return ImageFolder(ds.items, crop, seed=None, folder=ds.folder)
 
 
 def collate_equal(a: Any, b: Any) -> bool:

@@ -31,7 +31,7 @@ from ..core.collator import collate as fast_collate, usable_cores
 from . import measure, model
 from .doctor_look import Look, deterministic, look, probe, replay_ceiling, waiting_share
 from .doctor_words import MIN_GAIN
-from .memory import available_bytes
+from .memory import WorkerMemory, available_bytes
 
 KINDS = {"torch": "torch's DataLoader, default_collate", "torch+fastcollate": "torch's DataLoader, fastcollate.collate",
          "fastcollate": "fastcollate.DataLoader (the ring)"}
@@ -213,6 +213,8 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
     work.step_s = seen.step_s
     profiles: dict[tuple[str, bool], model.Profile] = {}
     bytes_per_batch = seen.batch_bytes
+    # your settings have no workers: what a worker holds is read off the probes that have them
+    probe_memory = WorkerMemory() if not base_w else None
     for kind in kinds:
         for with_workers in (False, True):
             if kind == "fastcollate" and not with_workers and ("torch+fastcollate", False) in profiles:
@@ -223,7 +225,10 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
             # one worker on a machine of several cores: what a worker costs without contention
             w = max(1, min(cores, 2) - 1) if with_workers else 0
             s = model.Setting(kind, w, 2, False)
-            profiles[(kind, with_workers)] = probe(builder.make(s, dataset), w, kind, work.batches, seen)
+            profiles[(kind, with_workers)] = probe(builder.make(s, dataset), w, kind, work.batches, seen,
+                                                   probe_memory if with_workers else None)
+    if probe_memory is not None and probe_memory.last:
+        seen.memory = {**probe_memory.report(), "measured_in": "short probes with workers; your settings have none"}
 
     cache_ok, cache_why = False, "not checked"
     if epochs > 1 and _is_cached(dataset):

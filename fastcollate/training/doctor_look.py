@@ -247,11 +247,13 @@ def _cores() -> int:
     return usable_cores()
 
 
-def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_epoch: int, seen: Look) -> model.Profile:
+def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_epoch: int, seen: Look,
+          memory: WorkerMemory | None = None) -> model.Profile:
     """A short untraced run (one epoch, a few batches) of a loader the user does not run now: the
     main process's and the workers' CPU per batch, each batch's wait and the start-up -- untraced,
     because for small batches the trace's own cost is as large as the loader's. The per-batch
-    spread of the work (rare slow samples) is the traced run's (``seen``): the dataset is the same."""
+    spread of the work (rare slow samples) is the traced run's (``seen``): the dataset is the same.
+    ``memory``: the workers' private memory, sampled at their first and last batch."""
     n = min(batches_per_epoch, max(12, 6 * max(1, workers)))
     # at least n batches and min_s seconds (more passes over a short epoch), so that a preemption
     # or two, or the previous run's aftermath, do not set the level
@@ -278,6 +280,8 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
                 break
             if i == 0:
                 firsts.append(time.perf_counter() - (t0 if not firsts else e0))
+                if memory is not None:
+                    memory.sample(worker_pids(it))
                 for pid in worker_pids(it):
                     c = cpu_seconds(pid)
                     if c is not None:
@@ -289,6 +293,8 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
             i += 1
             if time.perf_counter() - t0 > max_s and i >= 2:
                 break
+        if memory is not None:
+            memory.sample(worker_pids(it))
         if i > 1:
             main_cpu += time.process_time() - c0
             for pid, c_first in cpu0.items():

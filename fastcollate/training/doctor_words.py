@@ -11,7 +11,7 @@ MIN_GAIN = 1.05  # a predicted gain below this is no reason to change anything
 
 _KIND_WORDS = {"torch": "torch's DataLoader with default_collate",
                "torch+fastcollate": "torch's DataLoader with collate_fn=fastcollate.collate",
-               "fastcollate": "fastcollate.DataLoader (its workers write into a recycled ring)"}
+               "fastcollate": "fastcollate.DataLoader (the worker ring)"}
 
 
 def _ms(s: float) -> str:
