@@ -22,9 +22,12 @@ missing=$(comm -23 <(git ls-files csrc fastcollate CMakeLists.txt setup.py pypro
 [[ -z $missing ]] || { echo "wheel: the sdist lacks: $missing"; exit 1; }
 python -m zipfile -l "$wheel" | grep -q "fastcollate/_C.build.json" || { echo "wheel: no build record in the wheel"; exit 1; }
 
-# a fresh venv: torch pinned (this machine's CPU wheel; never a bare `torch`), and the tests' needs
+# a fresh venv: the very torch release the wheel was built against (never a bare `torch`, which
+# would fetch a multi-GB CUDA build; a local version such as +cpu is left to pip's index), and the
+# tests' needs
+torch_pin=$(python -c "import torch; print(torch.__version__.split('+')[0])")
 python -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install torch==2.13.0 pytest numpy > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
+"$work/venv/bin/python" -m pip install "torch==$torch_pin" pytest numpy > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
 # PATH with nothing on it but the venv's python: no compiler can be found, nor anything else
 mkdir "$work/bin"
 printf '#!/bin/sh\nexec %q "$@"\n' "$work/venv/bin/python" > "$work/bin/python"

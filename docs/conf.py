@@ -2,7 +2,7 @@
 
 Build (CI does, with warnings as errors and the gallery's examples executed):
 
-    pip install --no-build-isolation ".[docs]"
+    pip install --no-build-isolation -e ".[docs]"
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 Pages are Markdown (MyST); the API reference is generated from the docstrings (autosummary +

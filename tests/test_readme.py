@@ -99,6 +99,8 @@ def test_readme_block_runs(line, code, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]), CUDA_VISIBLE_DEVICES="")
     env.pop("FASTCOLLATE_DISABLE", None)
     # the stand-ins module writes train.bin into the working directory when first imported
-    r = subprocess.run([sys.executable, "run_block.py", "block.py"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=180)
+    # warnings are errors: a snippet that makes the library warn (pin_memory=True beside the
+    # prefetcher, say) contradicts the advice around it
+    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-W", "error::RuntimeWarning", "run_block.py",
+                        "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, f"README.md block at line {line} failed:\n{code}\n--- stderr:\n{r.stderr[-4000:]}"
