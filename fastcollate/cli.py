@@ -69,7 +69,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError("--plot needs matplotlib: pip install 'fastcollate[plot]'") from exc
     if args.markdown:
         if args.sweep or args.peers:
-            raise CliError("--markdown writes the collate table: not with --sweep or --peers")
+            raise CliError("--markdown writes the tables of a bench run: not with --sweep or --peers")
         _check_writable(args.markdown)
     rounds, min_time = (2, 0.05) if args.quick else (args.rounds, args.min_time)
     # the tables of whole epochs (loaders, a new loader, storage, training) cost more a round: about
@@ -95,27 +95,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                rounds=rounds, min_time=min_time, loads=run.loads[-1])
         _progress(f"wrote {args.markdown}")
     pad_rows = run.table(lambda: bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress))
-    print("\npadding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:")
-    print(bench.format_pad_table(pad_rows))
-    run.warn(pad_rows, rounds)
+    run.show("Padding", "padding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:",
+             bench.format_pad_table(pad_rows), pad_rows, rounds, args.markdown)
     loader_rows = run.table(lambda: bench.run_loaders(rounds=heavy, progress=_progress))
-    print(f"\nDataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s, medians of "
-          f"{heavy} interleaved epochs):")
-    print(bench.format_loader_table(loader_rows))
-    run.warn(loader_rows, heavy)
+    run.show("Loaders", f"DataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s, "
+             f"medians of {heavy} interleaved epochs):", bench.format_loader_table(loader_rows), loader_rows, heavy,
+             args.markdown)
     _progress("[loader] a new loader's first two epochs, torch's vs fastcollate's")
     startup = run.table(lambda: [bench.measure_startup(rounds=heavy, batches=4 if args.quick else 12)])[0]
-    print("\na NEW loader, first epoch (workers started, ring made and first faulted inside the timing), then its"
-          " second (persistent_workers=False: new workers again):")
-    print(bench.format_startup(startup))
-    run.warn([startup], heavy)
+    run.show("A new loader", "a NEW loader, first epoch (workers started, ring made and first faulted inside the "
+             "timing), then its second (persistent_workers=False: new workers again):",
+             bench.format_startup(startup), [startup], heavy, args.markdown)
     from ._bench import storage as storage_bench
 
     storage_rows = run.table(lambda: storage_bench.run_storage(quick=args.quick, progress=_progress, rounds=heavy))
-    print("\nbatches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
-          "through a DataLoader (samples/s):")
-    print(storage_bench.format_storage_table(storage_rows))
-    run.warn(storage_rows, heavy)
+    run.show("Storage", "batches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
+             "through a DataLoader (samples/s):", storage_bench.format_storage_table(storage_rows), storage_rows,
+             heavy, args.markdown)
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
         n = 256 if args.quick else 2048
@@ -172,9 +168,23 @@ class _BenchRun:
         return rows
 
     def warn(self, rows: list[dict[str, Any]], rounds: int) -> None:
-        for line in self.noise.warning_lines(rows, lambda r: r.get("description", "?"), rounds,
-                                             self.noise.advice(self.quick)):
+        for line in self._warnings(rows, rounds):
             print(line)
+
+    def _warnings(self, rows: list[dict[str, Any]], rounds: int) -> list[str]:
+        return self.noise.warning_lines(rows, lambda r: r.get("description", "?"), rounds,
+                                        self.noise.advice(self.quick))
+
+    def show(self, title: str, intro: str, table: str, rows: list[dict[str, Any]], rounds: int,
+             markdown_path: str | None) -> None:
+        """Print a table with its noise lines -- and, with --markdown, add it to that file."""
+        print("\n" + intro)
+        print(table)
+        self.warn(rows, rounds)
+        if markdown_path:
+            from ._bench import markdown
+
+            markdown.append_table(markdown_path, title, intro, table, self._warnings(rows, rounds), self.loads[-1])
 
     def finish(self) -> None:
         self.end = self.noise.load_now()
@@ -441,8 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-train", action="store_true", help="skip the end-to-end training run")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     b.add_argument("--markdown", metavar="PATH.md",
-                   help="also write the collate table as Markdown, headed by the command, machine and torch "
-                        "that made it (the docs' benchmark pages)")
+                   help="also write the run's tables (collate, padding, loaders, a new loader, storage) as "
+                        "Markdown, headed by the command, machine and torch that made them (the docs' benchmark "
+                        "pages)")
     b.add_argument("--plot", metavar="PATH.png", help="also plot the speedups (the sweep: log-log; needs matplotlib)")
     b.add_argument("--sweep", action="store_true",
                    help="only the scaling sweep: batch size 1-4096 x leaves per sample 1-64, ns/leaf and GB/s")

@@ -26,6 +26,10 @@ def test_bench_quick(tmp_path):
     assert f"`fastcollate bench --quick --workloads tiny,nested --json {out} --markdown {md}`" in text
     assert "usable cores" in text and f"torch {torch.__version__}" in text and "a quick run" in text
     assert "| 4 x {uint8" in text and "| 256 x nested" in text and "|---" in text
+    # ... and the run's other tables, each under its title with its load
+    for title in ("## Padding", "## Loaders", "## A new loader", "## Storage"):
+        assert title in text, title
+    assert text.count("load average (1 min)") >= 5 and "vs torch workers (min-max)" in text
     assert "speedup" in r.stdout and "end-to-end" in r.stdout and "-bound" in r.stdout
     assert "[collate 1/2] tiny" in r.stderr  # progress
     data = json.loads(out.read_text())

@@ -196,3 +196,21 @@ def test_the_loader_arguments_are_checked_before_anything_runs():
                     (dict(num_workers=1, multiprocessing_context="nope"), "multiprocessing_context")):
         with pytest.raises(LoaderArgumentsError, match=msg):
             fastcollate.doctor(dd.Cheap(n=8), batch_size=4, **kw)
+
+
+def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
+    # the doctor's runs stay on the host: on a CUDA machine it advises (never measures) the
+    # prefetcher and moving random augmentation after the copy -- checked here without a GPU by
+    # handing findings() what a CUDA machine would
+    from fastcollate.training import doctor_look, doctor_words, model
+
+    seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.01], [0.009], 0.01, 0.0), spikes_s=[0.0],
+                            step_s=0.0, samples_per_s=100.0, batch_bytes=1 << 20, memory={}, report={})
+    base = model.Setting("torch", 0)
+    work = model.Workload(batches=10, batch_size=32, epochs=2, cores=2)
+    args = (seen, base, base, [], None, work, None, False, "the dataset is not deterministic (...)", {}, 100.0, 100.0,
+            False)
+    words = doctor_words.findings(*args, cuda=True, pinned=True)
+    assert any("CudaPrefetcher(loader)" in w and "pin_memory=False" in w for w in words), words
+    assert any("transform=" in w and "after the copy" in w for w in words), words
+    assert not any("CudaPrefetcher" in w for w in doctor_words.findings(*args, cuda=False))

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastcollate
+from fastcollate.training import measure
 
 
 class Slow(Dataset):
@@ -99,7 +100,11 @@ def test_tune_loader_measures_whole_epochs_of_every_loader_within_budget():
               and r["num_workers"] == res.best["num_workers"]]
     assert chosen and any(r["max"] >= top["min"] for r in chosen)
     if res.tied:
-        assert all(r["max"] >= top["min"] for r in res.tied) and "tied within the spread" in res.verdict()
+        # tied: ranges over rounds that overlap, or -- a row of one round has no range -- within 10%
+        assert all(r["max"] >= top["min"] or (min(r["rounds"], top["rounds"]) < 2
+                                              and r["samples_per_s"] * measure.CLEAR_MARGIN >= top["samples_per_s"])
+                   for r in res.tied), res.tied
+        assert "tied within the spread" in res.verdict() or "one round" in res.verdict()
     batch = next(iter(res.loader(ds)))
     assert batch["y"].shape == (16,)
     assert "samples/s" in res.format() and "spread" in res.format()

@@ -121,3 +121,19 @@ def write_collate(path: str, rows: list[dict[str, Any]], argv: Sequence[str] | N
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def append_table(path: str, title: str, intro: str, table: str, warn: Sequence[str] = (),
+                 loads: Sequence[float | None] | None = None) -> str:
+    """One more table of the same run under the collate table (same machine, same command): its
+    title, what it measures, the table as the bench printed it, its noise lines and its load."""
+    m = machine()
+    lines = ["", f"## {title}", "", intro.strip()]
+    if loads is not None:
+        lines += ["", _load_line(m, loads).strip().lstrip("- ").rstrip()]
+    lines += ["", table, ""]
+    if warn:
+        lines += ["```text", *warn, "```", ""]
+    with open(path, "a") as f:
+        f.write("\n".join(lines))
+    return path

@@ -25,6 +25,7 @@ import json
 import time
 from typing import Any, Callable
 
+import torch
 import torch.utils.data as tud
 
 from ..core.collator import collate as fast_collate, usable_cores
@@ -328,7 +329,8 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
                 "predicted_samples_per_s": base_pred,
                 "spread": base_arm.spread() if base_arm else None}
     words = findings(seen, base, chosen, picks, verdict, work, ceiling, cache_ok, cache_why, seen.memory,
-                     base_pred, rate_of(chosen), verify, batched=hasattr(dataset, "__getitems__"))
+                     base_pred, rate_of(chosen), verify, batched=hasattr(dataset, "__getitems__"),
+                     cuda=torch.cuda.is_available(), pinned=bool(loader_kwargs.get("pin_memory")))
     d = Diagnosis(bottleneck=bottleneck_of(seen, base, chosen, work, base_pred, rate_of(chosen)), baseline=baseline,
                   proposal=proposal, ceiling_samples_per_s=ceiling, memory=seen.memory, findings=words,
                   elapsed_s=time.monotonic() - t_start,

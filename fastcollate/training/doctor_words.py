@@ -67,7 +67,7 @@ def changes(base: model.Setting, chosen: model.Setting) -> list[str]:
 def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[model.Setting],
              verdict: dict[str, Any] | None, work: model.Workload, ceiling: float | None, cache_ok: bool,
              cache_why: str, memory: dict[str, Any], base_rate: float, chosen_rate: float, verified: bool,
-             batched: bool = False) -> list[str]:
+             batched: bool = False, cuda: bool = False, pinned: bool = False) -> list[str]:
     p = seen.profile
     out: list[str] = []
     st = _stations(seen, base, work)
@@ -121,6 +121,16 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
             and limit == "dataset"):
         out.append("each sample costs little but is fetched one by one: a dataset with __getitems__ (or "
                    "fastcollate.ArrayDataset over arrays) fetches a batch in one call")
+    if cuda:
+        # advice only: the doctor's runs stay on the host, so the transfer is not measured here
+        out.append("with a GPU: feed it through fastcollate.CudaPrefetcher(loader) -- the batch's one arena is "
+                   "pinned and copied in one host-to-device copy on a side stream, overlapped with your step"
+                   + (" -- and leave the loader's pin_memory=False (its pin thread pins leaf by leaf)" if pinned
+                      else ""))
+        if (limit == "dataset" and not cache_ok and "not deterministic" in cache_why):
+            out.append("the random part of the dataset's work could run on the GPU: return the decoded sample "
+                       "and apply the augmentation to the batch after the copy (CudaPrefetcher(loader, "
+                       "transform=...)), where it is one kernel for the batch instead of Python per sample")
     if memory.get("finding") == "copy_on_write":
         out.append(f"each worker's private memory grew by ~{memory['growth_mb']:.0f} MB during the run: the dataset "
                    "holds Python objects that every worker touches (copy-on-write); keep it in numpy arrays "
