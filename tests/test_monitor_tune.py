@@ -217,3 +217,21 @@ def test_traced_advice_is_only_what_the_numbers_say():
         mon.close()
     assert r["bottleneck"] == "dataset"
     assert r["advice"] == r["findings"]  # no fixed hint appended beside the computed ones
+
+
+def test_a_run_of_a_few_milliseconds_is_repeated_with_a_new_loader_until_it_is_long_enough():
+    made = []
+
+    def make():
+        made.append(1)
+        return DataLoader(list(range(32)), batch_size=8)
+
+    run = measure.run_epochs(make, 2, min_s=0.05)
+    assert run.wall_s >= 0.05 and len(made) > 1
+    # every loader made ran its epochs whole: the samples and batches are all of theirs
+    assert run.samples == 32 * 2 * len(made) and run.batches == 4 * 2 * len(made)
+    assert len(run.epoch_s) == 2  # the first run's epochs, as one run would give them
+    # a long run is run once
+    made.clear()
+    slow = measure.run_epochs(lambda: (made.append(1), DataLoader(Slow(8, 0.01), batch_size=4))[1], 1, min_s=0.05)
+    assert len(made) == 1 and slow.samples == 8

@@ -216,8 +216,10 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
     bytes_per_batch = seen.batch_bytes
     # your settings have no workers: what a worker holds is read off the probes that have them
     probe_memory = WorkerMemory() if not base_w else None
-    for kind in kinds:
-        for with_workers in (False, True):
+    # main-process loading first: its probes time batches of microseconds, which the exit of the
+    # previous probe's workers (their memory returned to the kernel) would slow
+    for with_workers in (False, True):
+        for kind in kinds:
             if kind == "fastcollate" and not with_workers and ("torch+fastcollate", False) in profiles:
                 # without workers fastcollate.DataLoader is torch's loader with fastcollate's collate
                 profiles[(kind, False)] = dataclasses.replace(profiles[("torch+fastcollate", False)], kind=kind)

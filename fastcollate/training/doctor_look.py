@@ -5,6 +5,7 @@ how big are its samples) and the ceiling (the step with data free)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import math
 import statistics
@@ -92,6 +93,10 @@ def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any]
     step_times: list[float] = []
     step_cpu = 0.0
     batches = samples = 0
+    # as measure.run_epochs does before each measured run: a full collection now, so that one
+    # that was already due in a large process (and in the workers it forks) does not land in the
+    # traced run and read as the dataset's slow samples
+    gc.collect()
     copy = None
     first_latency: list[float] = []
     try:
@@ -258,9 +263,12 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
     # at least n batches and min_s seconds (more passes over a short epoch), so that a preemption
     # or two, or the previous run's aftermath, do not set the level
     min_s, max_s = 0.25, 2.0
+    gc.collect()  # the same conditions as the measured runs (measure.run_epochs)
     waits: list[float] = []
     firsts: list[float] = []  # the loader's creation to its first batch, then each new epoch's to its first
     ends: list[float] = []    # each epoch's last next(), the one that stops it
+    whole = 0                 # complete epochs, the first from the loader's creation
+    whole_s = 0.0             # ... and the time they took together
     worker_cpu = 0.0
     main_cpu = 0.0
     t0 = time.perf_counter()
@@ -277,6 +285,9 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
                 batch = next(it)
             except StopIteration:
                 ends.append(time.perf_counter() - w0)
+                if whole == len(firsts) - 1:  # no epoch before this one was cut short
+                    whole += 1
+                    whole_s = time.perf_counter() - t0
                 break
             if i == 0:
                 firsts.append(time.perf_counter() - (t0 if not firsts else e0))
@@ -287,9 +298,13 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
                     if c is not None:
                         cpu0[pid] = c
                 c0 = time.process_time()
+                del batch
             else:
+                # the loop's own per-batch work as the measured runs do it (count the samples,
+                # drop the batch): on batches of a few microseconds it is a tenth of the total
+                batch_len(batch)
+                del batch
                 waits.append(time.perf_counter() - w0)
-            del batch
             i += 1
             if time.perf_counter() - t0 > max_s and i >= 2:
                 break
@@ -315,6 +330,16 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
         # them: the dataset, and so its slow samples, is the same whatever the loader
         return [typical + s for s in spikes]
 
+    if workers == 0 and whole >= 2:
+        # whole epochs ran inside the probe (a cheap dataset): what they cost together, the
+        # loader's creation, the first batch, the dataset's slow samples and each epoch's start
+        # and end included, is the measurement itself -- as the measured runs take it (a run of a
+        # few milliseconds: its start is a share of it, and so is the noise of any one epoch)
+        level = whole_s / (whole * max(1, batches_per_epoch))
+        make = [level] * max(1, batches_per_epoch)
+        return model.Profile(kind=kind, workers=0, make_s=make,
+                             fetch_s=[m * f for m, f in zip(make, itertools.cycle(fetch_share))],
+                             worker_cpu_s=level, main_cpu_s=0.0, cpu_s=level)
     if workers == 0:
         # each next() is the whole of it: sampler, fetch, collate, the loop; its level leaves
         # out the slow batches (the traced run's spikes add them) and a preemption now and then

@@ -51,33 +51,45 @@ class Run:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
 
+MIN_RUN_S = 0.2  # a run shorter than this is repeated (a new loader each time) until it is not:
+#                 long enough for a difference of 3x to be decided in one round (MIN_DECISIVE_S)
+
+
 def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[[Any], Any] | None = None,
-               on_batch: Callable[[Any, Any], None] | None = None) -> Run:
+               on_batch: Callable[[Any, Any], None] | None = None, min_s: float = MIN_RUN_S) -> Run:
     """``epochs`` epochs of ``make_loader()`` (made inside the timing), ``step(batch)`` after each
     batch; ``on_batch(loader, batch)`` is called untimed-ish (for memory samples). The loader is
-    dropped (its workers joined) inside the timing too: a user pays that as well."""
+    dropped (its workers joined) inside the timing too: a user pays that as well.
+
+    A run of a few milliseconds (a cheap dataset) is at the mercy of one preemption: it is made
+    again, new loader and all, until the runs add up to ``min_s``; the rate is over all of them,
+    ``epoch_s`` and ``first_batch_s`` are the first one's."""
     gc.collect()
     samples = batches = 0
     epoch_s: list[float] = []
     first = None
-    t0 = time.perf_counter()
-    loader = make_loader()
-    for _ in range(epochs):
-        e0 = time.perf_counter()
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter() - t0
-            if step is not None:
-                step(batch)
-            samples += batch_len(batch)
-            batches += 1
-            if on_batch is not None:
-                on_batch(loader, batch)
-            del batch
-        epoch_s.append(time.perf_counter() - e0)
-    del loader
-    wall = time.perf_counter() - t0
-    return Run(samples, batches, wall, epoch_s, first or 0.0)
+    wall = 0.0
+    while True:
+        t0 = time.perf_counter()
+        loader = make_loader()
+        for _ in range(epochs):
+            e0 = time.perf_counter()
+            for batch in loader:
+                if first is None:
+                    first = time.perf_counter() - t0
+                if step is not None:
+                    step(batch)
+                samples += batch_len(batch)
+                batches += 1
+                if on_batch is not None:
+                    on_batch(loader, batch)
+                del batch
+            if len(epoch_s) < epochs:
+                epoch_s.append(time.perf_counter() - e0)
+        del loader
+        wall += time.perf_counter() - t0
+        if wall >= min_s or batches == 0:
+            return Run(samples, batches, wall, epoch_s, first or 0.0)
 
 
 @dataclasses.dataclass
@@ -136,7 +148,7 @@ def paired(base: Arm, other: Arm) -> dict[str, Any]:
 
 CLEAR_MARGIN = 1.10  # two rounds decide a difference only when each round shows at least this
 OVERWHELMING = 3.0  # a paired ratio past this (or under its inverse) is decided in one round
-MIN_DECISIVE_S = 0.2
+MIN_DECISIVE_S = MIN_RUN_S  # a run this long (repeated up to it if need be) can decide one round
 
 
 def compare(arms: dict[str, Callable[[], Iterable]], epochs: int, step: Callable[[Any], Any] | None = None,
