@@ -214,3 +214,10 @@ def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
     assert any("CudaPrefetcher(loader)" in w and "pin_memory=False" in w for w in words), words
     assert any("transform=" in w and "after the copy" in w for w in words), words
     assert not any("CudaPrefetcher" in w for w in doctor_words.findings(*args, cuda=False))
+
+
+def test_a_span_of_one_round_reads_as_one_round():
+    from fastcollate.training.doctor_words import over_rounds
+    assert over_rounds("1.68", "1.75", 2, "x") == "1.68-1.75x over 2 rounds"
+    assert over_rounds("15.06", "15.06", 1, "x") == "15.06x in one round"
+    assert over_rounds("626", "652", 3) == "626-652 over 3 rounds"

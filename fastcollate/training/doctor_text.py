@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from .doctor_words import over_rounds
+
 WIDTH = 100  # findings wrapped to this many columns: a terminal's, and a README's code block
 
 
@@ -33,7 +35,8 @@ def format_diagnosis(d: Any, dataset: str = "dataset") -> str:
              f"{'  traced (not timed)':<22} {_rate(b['samples_per_s']):>16} {'-':>16}"]
     spread = b.get("spread")
     if spread and spread.get("rounds"):
-        lines.append(f"{'  your spread':<22} {spread['min']:,.0f}-{spread['max']:,.0f} over {spread['rounds']} rounds")
+        span = over_rounds(f"{spread['min']:,.0f}", f"{spread['max']:,.0f}", spread["rounds"])
+        lines.append(f"{'  your spread':<22} {span}")
     if d.ceiling_samples_per_s is not None:
         lines.append(f"{'  ceiling (data free)':<22} {_rate(d.ceiling_samples_per_s):>16}")
     lines.append("")

@@ -18,6 +18,14 @@ def _ms(s: float) -> str:
     return f"{1e3 * s:.2f} ms"
 
 
+def over_rounds(lo: str, hi: str, rounds: int, unit: str = "") -> str:
+    """A measured span in words: "1.68-1.75x over 2 rounds", or "15.06x in one round" (a
+    difference past measure.OVERWHELMING is decided in one)."""
+    if rounds == 1:
+        return f"{lo}{unit} in one round"
+    return f"{lo}-{hi}{unit} over {rounds} rounds"
+
+
 def _stations(seen: Any, base: model.Setting, work: model.Workload) -> dict[str, float]:
     """Seconds per batch each station needs in the user's settings (the largest limits them)."""
     p = seen.profile
@@ -96,16 +104,16 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
                    f"costs at most {max(0.0, 1 - base_rate / ceiling):.0%} of your loop's time")
     if verdict is not None:
         r = verdict
+        span = over_rounds(f"{r['min']:.2f}", f"{r['max']:.2f}", r["rounds"], "x")
         if r["win"]:
-            out.append(f"measured: the proposal is {r['ratio']:.2f}x your settings (every round faster: "
-                       f"{r['min']:.2f}-{r['max']:.2f}x over {r['rounds']} rounds)")
+            out.append(f"measured: the proposal is {r['ratio']:.2f}x your settings (every round faster: {span})")
         elif r["loss"]:
             out.append(f"measured: the best candidate was {r['ratio']:.2f}x your settings, slower in every round "
-                       f"({r['min']:.2f}-{r['max']:.2f}x over {r['rounds']} rounds), against the prediction: your "
-                       "settings stay (a machine busy with other work gives extra workers less than its cores)")
+                       f"({span}), against the prediction: your settings stay (a machine busy with other work "
+                       "gives extra workers less than its cores)")
         else:
-            out.append(f"measured: the best candidate was {r['ratio']:.2f}x your settings ({r['min']:.2f}-"
-                       f"{r['max']:.2f}x over {r['rounds']} rounds): inside the spread, so not a win; your settings stay")
+            out.append(f"measured: the best candidate was {r['ratio']:.2f}x your settings ({span}): inside the "
+                       "spread, so not a win; your settings stay")
     elif not verified and picks:
         out.append("predicted only (not measured): run it with verify=True (CLI: --fix) to apply and measure it")
     if work.epochs > 1:
