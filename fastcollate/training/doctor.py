@@ -254,6 +254,7 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
             cache_ok, cache_why = True, f"deterministic, ~{need / 2**20:.0f} MB of the {cap / 2**20:.0f} MB it may hold"
             # a cached batch's fetch: reading its samples back, as a worker does after epoch 1
             work.cached_fetch_s = est["read_s_per_sample"] * batch_size
+            work.cached_write_s = est["write_s_per_sample"] * batch_size
             cache_bytes = need
 
     # memory: each worker holds its private memory plus prefetch x batch bytes in flight
@@ -301,13 +302,17 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
         say("measuring your settings")
         measured = measure.compare({"yours": arms["yours"]}, epochs, step, min_rounds=2, max_rounds=2)
 
+    from .doctor_words import bottleneck_of, changes, findings
+
     ceiling = replay_ceiling(seen, step, work)
     chosen, verdict = base, None
     if measured and picks:
         ranked = sorted(((measure.paired(measured["yours"], measured[f"candidate {i + 1}"]), s)
                          for i, s in enumerate(picks)), key=lambda t: -t[0]["ratio"])
         best_ratio, best = ranked[0]
-        verdict = best_ratio
+        # what was tried, for the words: a loss says why only where the reason is known
+        verdict = {**best_ratio, "candidate": changes(base, best), "more_workers": best.num_workers > base.num_workers,
+                   "predicted_ratio": rate[best.key()] / base_pred if base_pred > 0 else None}
         if best_ratio["win"]:
             chosen = best
     elif picks and not verify:
@@ -318,8 +323,6 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
 
     base_arm = measured.get("yours")
     chosen_name = next((f"candidate {i + 1}" for i, s in enumerate(picks) if s is chosen), "yours")
-    from .doctor_words import bottleneck_of, changes, findings
-
     proposal = {"settings": _jsonable(builder.settings(chosen)), "loader": "fastcollate" if chosen.kind == "fastcollate"
                 else "torch", "cache": chosen.cache, "changes": changes(base, chosen),
                 "predicted_samples_per_s": rate_of(chosen),
@@ -331,7 +334,7 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
                 "predicted_samples_per_s": base_pred,
                 "spread": base_arm.spread() if base_arm else None}
     words = findings(seen, base, chosen, picks, verdict, work, ceiling, cache_ok, cache_why, seen.memory,
-                     base_pred, rate_of(chosen), verify, batched=hasattr(dataset, "__getitems__"),
+                     base_pred, verify, batched=hasattr(dataset, "__getitems__"),
                      cuda=torch.cuda.is_available(), pinned=bool(loader_kwargs.get("pin_memory")))
     d = Diagnosis(bottleneck=bottleneck_of(seen, base, chosen, work, base_pred, rate_of(chosen)), baseline=baseline,
                   proposal=proposal, ceiling_samples_per_s=ceiling, memory=seen.memory, findings=words,

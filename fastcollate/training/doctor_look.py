@@ -273,10 +273,12 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
     main_cpu = 0.0
     t0 = time.perf_counter()
     loader = make_loader()
+    per_epoch = len(loader) if hasattr(loader, "__len__") else None
     while True:
         e0 = time.perf_counter()
         it = iter(loader)
         cpu0: dict[int, float] = {}
+        cpu_end: dict[int, float] = {}  # at an epoch's last batch: the next() that stops it reaps the workers
         i = 0
         c0 = time.process_time()
         while i < n or time.perf_counter() - t0 < min_s:
@@ -306,6 +308,13 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
                 del batch
                 waits.append(time.perf_counter() - w0)
             i += 1
+            if i == per_epoch and cpu0:
+                # a non-persistent loader's workers exit at StopIteration, and their CPU clocks
+                # with them: read them now (an epoch read after it would count its batches and
+                # none of their work)
+                cpu_end = {pid: c for pid in cpu0 if (c := cpu_seconds(pid)) is not None}
+                if memory is not None:
+                    memory.sample(cpu0)
             if time.perf_counter() - t0 > max_s and i >= 2:
                 break
         if memory is not None:
@@ -314,6 +323,8 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
             main_cpu += time.process_time() - c0
             for pid, c_first in cpu0.items():
                 c = cpu_seconds(pid)
+                if c is None:
+                    c = cpu_end.get(pid)
                 if c is not None:
                     worker_cpu += c - c_first
         del it

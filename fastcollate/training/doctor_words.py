@@ -74,7 +74,7 @@ def changes(base: model.Setting, chosen: model.Setting) -> list[str]:
 
 def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[model.Setting],
              verdict: dict[str, Any] | None, work: model.Workload, ceiling: float | None, cache_ok: bool,
-             cache_why: str, memory: dict[str, Any], base_rate: float, chosen_rate: float, verified: bool,
+             cache_why: str, memory: dict[str, Any], base_rate: float, verified: bool,
              batched: bool = False, cuda: bool = False, pinned: bool = False) -> list[str]:
     p = seen.profile
     out: list[str] = []
@@ -89,8 +89,8 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
         out.append(f"starting {base.num_workers} workers takes {p.start_s:.2f} s "
                    f"{'once' if base.persistent_workers else 'every epoch'}")
     limit = max(st, key=st.__getitem__)
-    gain_pred = chosen_rate / base_rate if base_rate > 0 else 1.0
-    if not picks or gain_pred < MIN_GAIN:
+    if not picks:
+        # (with picks, the model did predict a gain: the measured verdict below says what became of it)
         if limit == "compute":
             out.append(f"the step takes {_ms(work.step_s)} a batch, more than anything the loader does: no loader "
                        "change will help (predicted gain ~1.0x); speed comes from the model side")
@@ -107,13 +107,17 @@ def findings(seen: Any, base: model.Setting, chosen: model.Setting, picks: list[
         span = over_rounds(f"{r['min']:.2f}", f"{r['max']:.2f}", r["rounds"], "x")
         if r["win"]:
             out.append(f"measured: the proposal is {r['ratio']:.2f}x your settings (every round faster: {span})")
-        elif r["loss"]:
-            out.append(f"measured: the best candidate was {r['ratio']:.2f}x your settings, slower in every round "
-                       f"({span}), against the prediction: your settings stay (a machine busy with other work "
-                       "gives extra workers less than its cores)")
         else:
-            out.append(f"measured: the best candidate was {r['ratio']:.2f}x your settings ({span}): inside the "
-                       "spread, so not a win; your settings stay")
+            tried = "; ".join(r.get("candidate") or []) or "a candidate"
+            predicted_gain = f"predicted {r['predicted_ratio']:.2f}x" if r.get("predicted_ratio") else "predicted faster"
+            if r["loss"]:
+                why = (" (a machine busy with other work gives extra workers less than its cores)"
+                       if r.get("more_workers") else "")
+                out.append(f"measured: the best candidate ({tried}; {predicted_gain}) was {r['ratio']:.2f}x your "
+                           f"settings, slower in every round ({span}): your settings stay{why}")
+            else:
+                out.append(f"measured: the best candidate ({tried}; {predicted_gain}) was {r['ratio']:.2f}x your "
+                           f"settings ({span}): inside the spread, so not a win; your settings stay")
     elif not verified and picks:
         out.append("predicted only (not measured): run it with verify=True (CLI: --fix) to apply and measure it")
     if work.epochs > 1:

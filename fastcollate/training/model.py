@@ -10,8 +10,9 @@ workers; the cores the process may use, which main and workers share), and the o
 are delivered in (in order, each worker with at most ``prefetch_factor`` batches outstanding) is
 played out batch by batch over the measured per-batch times, so that a rare slow sample costs
 what it costs in-order (and prefetching hides it when it can). Worker start-up is paid each
-epoch, or once with persistent workers; with a cache, epochs after the first fetch each sample
-at the cache's measured read cost.
+epoch, or once with persistent workers; with a cache, the first epoch also pays each sample's
+insertion (its measured write cost) and the epochs after it fetch each sample at the cache's
+measured read cost.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class Workload:
     step_s: float = 0.0   # the user's step per batch (0: data-only loop)
     step_cpu: bool = True  # the step runs on the host CPU (no GPU)
     cached_fetch_s: float | None = None  # a batch's fetch from the cache (None: no cache measured)
+    cached_write_s: float = 0.0  # a batch's insertion into the cache, paid on top of the fetch in epoch 1
 
 
 def simulate(make: Sequence[float], workers: int, prefetch: int, main_s: float, batches: int,
@@ -116,7 +118,13 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
     parts = {"start_s": 0.0}
     for epoch in range(work.epochs):
         make = base_make
-        if setting.cache and epoch > 0 and work.cached_fetch_s is not None:
+        extra_cpu = 0.0  # the cache's own CPU work per batch this epoch (a worker's, or the main's)
+        if setting.cache and epoch == 0 and work.cached_write_s:
+            # each sample fetched, then serialized into the cache: on a cheap dataset the first
+            # epoch's insertions cost more than the later epochs' reads save
+            extra_cpu = work.cached_write_s
+            make = [m + extra_cpu for m in base_make]
+        elif setting.cache and epoch > 0 and work.cached_fetch_s is not None:
             # the fetch part of each batch replaced by the cache's read cost
             make = [max(0.0, m - f + work.cached_fetch_s) for m, f in zip(base_make, profile.fetch_s or base_make)]
         if W == 0:
@@ -127,7 +135,7 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
         # uncontended per-batch times, then slowed by what W workers and the main thread ask of
         # the cores (a fixed point: the utilizations depend on the throughput they give); only
         # the CPU part of a batch slows, its waiting does not
-        cpu = profile.cpu_s if profile.cpu_s is not None else profile.worker_cpu_s
+        cpu = (profile.cpu_s if profile.cpu_s is not None else profile.worker_cpu_s) + extra_cpu
         uncontended = [max(0.0, m - cpu * (1.0 - 1.0 / max(1.0, profile.contention))) for m in make]
         main_s = profile.main_cpu_s + step
         start = 0.0
@@ -139,7 +147,7 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
             slowed = [m + cpu * (factor - 1.0) for m in uncontended]
             t = simulate(slowed, W, setting.prefetch_factor, main_s, work.batches, start)
             busy = max(t - start, 1e-9)
-            worker_util = min(float(W), profile.worker_cpu_s * work.batches / busy)
+            worker_util = min(float(W), (profile.worker_cpu_s + extra_cpu) * work.batches / busy)
             main_util = min(1.0, (profile.main_cpu_s + (step if work.step_cpu else 0.0)) * work.batches / busy)
             factor = max(1.0, (worker_util + main_util) / cores)
         total += t
