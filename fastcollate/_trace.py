@@ -52,10 +52,23 @@ except ImportError:  # not a POSIX system
     _RUSAGE = None
 
 
-def _voluntary_switches() -> int:
-    """This thread's voluntary context switches so far; -1 where the system does not say (then
-    every off-CPU moment of a fetch counts as blocking)."""
-    return resource.getrusage(_RUSAGE).ru_nvcsw if _RUSAGE is not None else -1
+def _voluntary_switches() -> tuple[int, int]:
+    """This thread's (voluntary, involuntary) context switches so far; (-1, -1) where the system
+    does not say (then every off-CPU moment of a fetch counts as blocking)."""
+    if _RUSAGE is None:
+        return -1, -1
+    r = resource.getrusage(_RUSAGE)
+    return r.ru_nvcsw, r.ru_nivcsw
+
+
+def _blocked(off_cpu: float, at0: tuple[int, int], at1: tuple[int, int]) -> float:
+    """Of a fetch's time off the CPU, the part it blocked of its own accord (I/O, sleeps, a lock):
+    apportioned by its voluntary against its involuntary switches -- a preempted thread switches
+    involuntarily, and that wait is the machine's, not the dataset's."""
+    if at0[0] < 0 or at1[0] < 0:
+        return off_cpu
+    voluntary, preempted = at1[0] - at0[0], at1[1] - at0[1]
+    return off_cpu * voluntary / (voluntary + preempted) if voluntary > 0 else 0.0
 # the stages, in the order a batch meets them
 STAGES = ("sampler", "fetch", "collate", "queue", "rebuild", "transfer", "wait", "compute")
 
@@ -214,7 +227,7 @@ def _timed_fetch(self: Any, possibly_batched_index: Any, orig_fetch: Any) -> Any
 
 def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, depth: int) -> Any:
     t0, cpu0, vol0 = now(), cpu_now(), _voluntary_switches()
-    marks = [0.0, 0.0, 0.0, 0]  # collate start and end, and the fetch's CPU clock and switches at its end
+    marks: list[Any] = [0.0, 0.0, 0.0, (0, 0)]  # collate start, end; the fetch's CPU clock and switches at its end
     collate_fn = self.collate_fn
     _collate_info[0] = None
 
@@ -257,7 +270,7 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
     cpu1, vol = (marks[2], marks[3]) if marks[1] else (cpu_now(), _voluntary_switches())
     # the fetch's off-CPU time counts as blocking only if it blocked (a voluntary switch): a
     # preempted thread switches involuntarily, and that wait is the machine's, not the dataset's
-    blocked = max(0.0, (c0 - t0) - (cpu1 - cpu0)) if vol < 0 or vol > vol0 else 0.0
+    blocked = _blocked(max(0.0, (c0 - t0) - (cpu1 - cpu0)), vol0, vol)
     if samples:
         _per_sample[0] = (c0 - t0) / samples >= _PER_SAMPLE_MIN_S
     kind = _collate_info[0] or ("main" if not marks[1] else "custom")

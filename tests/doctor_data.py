@@ -117,5 +117,161 @@ def light_step(batch):
     return None
 
 
+# ---- adversarial datasets: randomness a weak determinism check misses (none may get the cache) ----
+
+class Flip(Dataset):
+    """A random flip with probability ``p`` (torch's global generator): an augmentation."""
+
+    def __init__(self, n=256, p=0.1):
+        self.n, self.p = n, p
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = torch.arange(8.0) + i
+        return {"x": x.flip(0) if torch.rand(()) < self.p else x, "y": i}
+
+
+class EpochDependent(Dataset):
+    """Deterministic given the epoch, which ``set_epoch`` changes (a curriculum, a resampling)."""
+
+    def __init__(self, n=128):
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.full((4,), float(i + 1000 * self.epoch)), "y": i}
+
+
+class WorkerSeeded(Dataset):
+    """Draws from its own generator, which ``seed_worker`` reseeds in each worker (from the
+    worker's torch seed, as torch's docs recommend)."""
+
+    def __init__(self, n=128):
+        self.n, self.rng = n, np.random.default_rng(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor([float(i), float(self.rng.integers(0, 2))]), "y": i}
+
+
+def seed_worker(worker_id):
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed % 2**32)
+
+
+class Minority(Dataset):
+    """Deterministic but for a minority class (1 sample in ``every``), which is augmented."""
+
+    def __init__(self, n=512, every=97):
+        self.n, self.every = n, every
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = torch.arange(4.0) + i
+        if i % self.every == 13:
+            x = x + float(torch.rand(()))
+        return {"x": x, "y": i}
+
+
+class ReadsFile(Dataset):
+    """Deterministic as long as the file it reads on every fetch does not change."""
+
+    def __init__(self, path, n=64, record=1024):
+        self.path, self.n, self.record = path, n, record
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with open(self.path, "rb") as f:
+            f.seek(i * self.record)
+            data = f.read(self.record)
+        return {"x": torch.frombuffer(bytearray(data), dtype=torch.uint8), "y": i}
+
+
+class OpensInWorker(Dataset):
+    """Reads a file that ``open_in_worker`` (its worker_init_fn) opens: fetching it in the main
+    process fails, as in the user's own main process."""
+
+    def __init__(self, path, n=128, record=16):
+        self.path, self.n, self.record, self.f = path, n, record, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.f.seek(i * self.record)
+        return {"x": torch.frombuffer(bytearray(self.f.read(self.record)), dtype=torch.uint8), "y": i}
+
+
+def open_in_worker(worker_id):
+    from torch.utils.data import get_worker_info
+
+    ds = get_worker_info().dataset
+    ds.f = open(ds.path, "rb")
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """An IterableDataset with a __len__, split over the workers by worker id."""
+
+    def __init__(self, n=192):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.n, nw):
+            yield {"x": torch.full((4,), float(i)), "y": i}
+
+
+class StringKeys(Dataset):
+    """Samples under string keys, with a custom sampler that yields them."""
+
+    def __init__(self, n=96):
+        self.samples = {f"k{i}": {"x": torch.full((4,), float(i)), "y": i} for i in range(n)}
+
+    def keys(self):
+        return list(self.samples)
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        return self.samples[key]
+
+
+class Sleepy(Dataset):
+    """Each sample waits ``wait`` seconds (a read from slow storage) and costs little CPU."""
+
+    def __init__(self, n=256, wait=3e-3):
+        self.n, self.wait = n, wait
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.wait)
+        return {"x": torch.full((8,), float(i)), "y": i}
+
+
 __all__ = ["SlowGetitem", "Expensive", "Cheap", "RareSlow", "ManyFields", "PythonObjects", "compute_step", "light_step",
-           "np"]
+           "Flip", "EpochDependent", "WorkerSeeded", "seed_worker", "Minority", "ReadsFile", "OpensInWorker",
+           "open_in_worker", "Stream", "StringKeys", "Sleepy", "np"]

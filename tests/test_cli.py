@@ -114,7 +114,7 @@ def test_doctor_names_the_dataset_stage_of_an_image_folder():
     r = run("doctor", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "16", "--workers", "2",
             "--epochs", "1")
     assert r.returncode == 0, r.stderr
-    assert "bottleneck: dataset" in r.stdout and "per batch, in 2 workers: the dataset" in r.stdout
+    assert "bottleneck: dataset" in r.stdout and "samples, in 2 workers: the dataset" in r.stdout
 
 
 def test_doctor_refuses_an_unwritable_trace_path(tmp_path):

@@ -1,127 +1,27 @@
-"""fastcollate.doctor on misconfigured pipelines, one lever each (tests/doctor_data.py), on the CPU:
-its proposal reaches >= 90% of the best of a grid of settings measured here (workers 0/1/2 x
-prefetch 2/4/8 x torch's loader with either collate and fastcollate.DataLoader), its prediction
-is within 25% of what it measured, and it takes less than half the grid's time. Where nothing
-helps it says so; the cache is proposed only for a deterministic dataset."""
+"""fastcollate.doctor's decisions on real runs, on the CPU: what it may propose (never a change
+that alters a batch, never the cache without proof), that it runs where the user's loader runs,
+what it says. Nothing here asserts a timing -- how fast the doctor's proposal is, and how close
+its predictions come, is measured by benchmarks/doctor_acceptance.py -- so a busy machine cannot
+fail these tests; the decisions on given measurements are tested in test_doctor_plan.py."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import time
+import os
 
 import pytest
+import torch
 import torch.utils.data as tud
 
 import fastcollate
 import doctor_data as dd
-from fastcollate.training import measure
-
-GRID_WORKERS = (0, 1, 2)
-GRID_PREFETCH = (2, 4, 8)
-KINDS = ("torch", "torch+fastcollate", "fastcollate")
 
 
-def _maker(ds, batch_size, kind, w, pf, base):
-    kw = {k: v for k, v in base.items() if k not in ("num_workers", "prefetch_factor", "collate_fn")}
-    kw.update(batch_size=batch_size, num_workers=w)
-    if w:
-        kw["prefetch_factor"] = pf
-    else:
-        kw.pop("multiprocessing_context", None)
-        kw.pop("persistent_workers", None)
-    if kind == "torch+fastcollate":
-        kw["collate_fn"] = fastcollate.collate
-    cls = fastcollate.DataLoader if kind == "fastcollate" else tud.DataLoader
-    return lambda: cls(ds, **kw)
-
-
-def grid(ds, batch_size, epochs, step, base):
-    """Every grid setting once: (samples/s by setting, seconds it took)."""
-    t0 = time.monotonic()
-    rates = {}
-    for kind, w in itertools.product(KINDS, GRID_WORKERS):
-        for pf in (GRID_PREFETCH if w else (2,)):
-            run = measure.run_epochs(_maker(ds, batch_size, kind, w, pf, base), epochs, step)
-            rates[(kind, w, pf)] = run.samples_per_s
-    return rates, time.monotonic() - t0
-
-
-def check(ds, batch_size, epochs=2, step=None, **base):
-    """The doctor against the grid, the proposal and the grid's best measured side by side."""
-    t0 = time.monotonic()
-    d = fastcollate.doctor(ds, batch_size=batch_size, epochs=epochs, step=step, **base)
-    doctor_s = time.monotonic() - t0
-    rates, grid_s = grid(ds, batch_size, epochs, step, base)
-    best = max(rates, key=rates.get)
-    proposal = d.loader
-    arms = measure.compare({"proposal": lambda: proposal(ds), "grid best": _maker(ds, batch_size, *best, base)},
-                           epochs, step, base="grid best", min_rounds=2, max_rounds=3, decide_early=False)
-    ratio = measure.paired(arms["grid best"], arms["proposal"])
-    yours = (("torch+fastcollate" if base.get("collate_fn") is fastcollate.collate else "torch"),
-             base.get("num_workers", 0), base.get("prefetch_factor") or 2)
-    d.grid_gain = rates[best] / rates[yours] if rates.get(yours) else None  # what fixing was worth here
-    p = d.proposal
-    measured = p["measured_samples_per_s"] if p["changes"] else d.baseline["samples_per_s"]
-    predicted = p["predicted_samples_per_s"]
-    info = (f"proposal {p['changes']} predicted {predicted:.0f} measured {measured:.0f}; grid best {best} "
-            f"{rates[best]:.0f}; proposal/grid best {ratio}; doctor {doctor_s:.1f} s, grid {grid_s:.1f} s; "
-            f"findings {d.findings}")
-    assert ratio["max"] >= 0.9, info
-    assert abs(predicted - measured) <= 0.25 * measured, info
-    assert doctor_s < 0.5 * grid_s, info
-    return d, info
-
-
-def _changed_when_it_pays(d, info):
-    # the lever that pays depends on the machine (its cores, what else runs): where the grid
-    # shows the user's settings clearly beaten, the doctor must change something
-    if d.grid_gain is not None and d.grid_gain > 1.25:
-        assert d.proposal["changes"], info
-
-
-def test_slow_python_getitem_in_the_main_process():
-    d, info = check(dd.SlowGetitem(n=1024, per_sample=300e-6), 16, epochs=1, num_workers=0)
-    _changed_when_it_pays(d, info)
-
-
-def test_spawned_workers_started_every_epoch():
-    d, info = check(dd.Cheap(n=256), 32, epochs=3, num_workers=2, multiprocessing_context="spawn",
-                    persistent_workers=False)
-    _changed_when_it_pays(d, info)
-
-
-def test_tiny_batches_where_the_queue_costs_more_than_the_work():
-    d, info = check(dd.Cheap(n=1024), 2, epochs=1, num_workers=2)
-    _changed_when_it_pays(d, info)
-
-
-def test_rare_slow_samples_with_prefetch_factor_1():
-    d, info = check(dd.RareSlow(n=384), 8, epochs=1, num_workers=2, prefetch_factor=1)
-    _changed_when_it_pays(d, info)
-
-
-def test_many_fields_with_default_collate():
-    d, info = check(dd.ManyFields(n=8192, fields=40), 64, epochs=1, num_workers=2)
-    _changed_when_it_pays(d, info)
-
-
-def test_compute_bound_step_gets_no_change():
-    d, info = check(dd.Cheap(n=256), 32, epochs=1, step=dd.compute_step(0.05), num_workers=0)
-    assert not d.proposal["changes"], info  # nothing predicts 5%: nothing is measured, nothing changes
-    assert d.bottleneck == "compute", info
-    assert any("no loader change will help" in f for f in d.findings), info
-    assert d.ceiling_samples_per_s is not None
-
-
-def test_deterministic_expensive_dataset_is_cached():
-    ds = dd.Expensive(n=256, per_sample=1e-3)
-    d = fastcollate.doctor(ds, batch_size=32, epochs=3, num_workers=2)
-    assert d.proposal["cache"], d.findings
-    uncached, _ = grid(ds, 32, 3, None, {"num_workers": 2})
-    best = max(uncached, key=uncached.get)
-    arms = measure.compare({"cached": lambda: d.loader(ds), "best uncached": _maker(ds, 32, *best, {})}, 3, None,
-                           base="best uncached", min_rounds=2, max_rounds=3)
-    assert measure.paired(arms["best uncached"], arms["cached"])["ratio"] >= 1.5, (best, d.findings)
+def test_deterministic_expensive_dataset_may_be_cached():
+    # proven deterministic on every index, and its fetch dominates: the cache is allowed and modelled
+    ds = dd.Expensive(n=128, per_sample=1e-3)
+    d = fastcollate.doctor(ds, batch_size=32, epochs=3, num_workers=2, verify=False)
+    assert d.cache["state"] == "yes", d.cache
+    assert d.cache["proof"]["verdict"] == "proven" and d.cache["proof"]["checked"] == 128, d.cache
 
 
 def test_random_dataset_is_not_cached_and_the_split_is_explained():
@@ -199,21 +99,28 @@ def test_the_loader_arguments_are_checked_before_anything_runs():
             fastcollate.doctor(dd.Cheap(n=8), batch_size=4, **kw)
 
 
-def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
-    # the doctor's runs stay on the host: on a CUDA machine it advises (never measures) the
-    # prefetcher and moving random augmentation after the copy -- checked here without a GPU by
-    # handing findings() what a CUDA machine would
+def _facts(**kw):
     from fastcollate.training import doctor_look, doctor_words, model
 
     seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.01], [0.009], 0.01, 0.0), spikes_s=[0.0],
                             step_s=0.0, samples_per_s=100.0, batch_bytes=1 << 20, memory={}, report={})
     base = model.Setting("torch", 0)
     work = model.Workload(batches=10, batch_size=32, epochs=2, cores=2)
-    args = (seen, base, base, [], None, work, None, False, "the dataset is not deterministic (...)", {}, 100.0, False)
-    words = doctor_words.findings(*args, cuda=True, pinned=True)
+    return doctor_words.Facts(**{"seen": seen, "base": base, "chosen": base, "picks": [], "verdict": None,
+                                 "work": work, "base_rate": 100.0, "verified": False, **kw})
+
+
+def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
+    # the doctor's runs stay on the host: on a CUDA machine it advises (never measures) the
+    # prefetcher and moving random augmentation after the copy -- checked here without a GPU by
+    # handing findings() what a CUDA machine would
+    from fastcollate.training import doctor_words
+
+    why = "index 3 gave different samples in worker 0 and in worker 1"
+    words = doctor_words.findings(_facts(cache_why=why, cuda=True, pinned=True))
     assert any("CudaPrefetcher(loader)" in w and "pin_memory=False" in w for w in words), words
     assert any("transform=" in w and "after the copy" in w for w in words), words
-    assert not any("CudaPrefetcher" in w for w in doctor_words.findings(*args, cuda=False))
+    assert not any("CudaPrefetcher" in w for w in doctor_words.findings(_facts(cache_why=why)))
 
 
 def test_a_span_of_one_round_reads_as_one_round():
@@ -226,24 +133,19 @@ def test_a_span_of_one_round_reads_as_one_round():
 def test_a_candidate_that_lost_is_named_and_no_line_denies_its_prediction():
     # the model predicted a gain, the measured rounds refused it: the words say what was tried and
     # what was predicted, and no line says that nothing predicted a gain
-    from fastcollate.training import doctor_look, doctor_words, model
+    from fastcollate.training import doctor_words, model
 
-    seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.001], [0.0009], 0.001, 0.0), spikes_s=[0.0],
-                            step_s=0.0, samples_per_s=100.0, batch_bytes=1 << 10, memory={}, report={})
     base = model.Setting("torch", 0)
     tried = model.Setting("fastcollate", 2, 2, True)
-    work = model.Workload(batches=10, batch_size=32, epochs=2, cores=2)
     verdict = {"ratio": 0.58, "min": 0.57, "max": 0.60, "rounds": 2, "win": False, "loss": True,
                "candidate": doctor_words.changes(base, tried), "more_workers": True, "predicted_ratio": 1.7}
-    words = doctor_words.findings(seen, base, base, [tried], verdict, work, None, False, "not checked", {}, 100.0, True)
-    text = " ".join(words)
-    assert "no loader setting predicts" not in text, words
-    assert "num_workers 0 -> 2" in text and "predicted 1.70x" in text and "0.58x" in text, words
-    assert "busy with other work" in text, words
+    text = " ".join(doctor_words.findings(_facts(picks=[tried], verdict=verdict, verified=True)))
+    assert "no loader setting predicts" not in text, text
+    assert "num_workers 0 -> 2" in text and "predicted 1.70x" in text and "0.58x" in text, text
+    assert "busy with other work" in text, text
     # a loss with no extra workers gives no guessed reason
     verdict.update(more_workers=False)
-    text = " ".join(doctor_words.findings(seen, base, base, [tried], verdict, work, None, False, "not checked", {},
-                                          100.0, True))
+    text = " ".join(doctor_words.findings(_facts(picks=[tried], verdict=verdict, verified=True)))
     assert "busy with other work" not in text and "your settings stay" in text
 
 
@@ -265,3 +167,154 @@ def test_the_cache_first_epoch_pays_its_writes():
         s_plain, s_cached = model.Setting("torch", w, 2, True), model.Setting("torch", w, 2, True, cache=True)
         one = dataclasses.replace(work, epochs=1)
         assert model.predict(s_cached, prof, one)["seconds"] > model.predict(s_plain, prof, one)["seconds"]
+
+
+# ---- speed never changes what the loop sees -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    path = tmp_path_factory.mktemp("doctor") / "records.bin"
+    path.write_bytes(os.urandom(64 * 1024))
+    return str(path)
+
+
+def _adversarial(records):
+    return {"flip": (dd.Flip(), {"num_workers": 2}),
+            "set_epoch": (dd.EpochDependent(), {"num_workers": 2}),
+            "worker-seeded": (dd.WorkerSeeded(), {"num_workers": 2, "worker_init_fn": dd.seed_worker}),
+            "minority": (dd.Minority(), {"num_workers": 0}),
+            "reads a file": (dd.ReadsFile(records), {"num_workers": 0})}
+
+
+def _batches(loader, epochs, dataset=None, seed=0):
+    """Every batch of ``epochs`` epochs, set_epoch called as a training loop calls it."""
+    torch.manual_seed(seed)
+    out = []
+    for e in range(epochs):
+        if dataset is not None and hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(e)
+        out.append([{k: v.clone() for k, v in b.items()} for b in loader])
+    if dataset is not None and hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(0)
+    return out
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+                                    for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", ["flip", "set_epoch", "worker-seeded", "minority", "reads a file"])
+def test_randomness_a_weak_check_misses_never_gets_the_cache(name, records):
+    # each was proposed the cache by the old check (indices 0, n/2, n-1 fetched twice in the main
+    # process): the proposal then froze its augmentation. benchmarks/doctor_acceptance.py runs 20
+    ds, kw = _adversarial(records)[name]
+    for _ in range(3):
+        d = fastcollate.doctor(ds, batch_size=8, epochs=2, verify=False, **kw)
+        assert not d.proposal["cache"], (name, d.cache)
+        assert d.cache["state"] != "yes", (name, d.cache)
+        loader = d.loader(ds)
+        assert not isinstance(loader.dataset, fastcollate.Cached)
+    if name == "set_epoch":
+        assert d.cache["proof"]["verdict"] == "epoch"
+        assert not d.proposal["settings"].get("persistent_workers"), d.proposal
+    elif name == "reads a file":
+        assert d.cache["state"] == "conditional" and d.cache["proof"]["verdict"] == "proven", d.cache
+    else:
+        assert d.cache["proof"]["verdict"] == "random", d.cache
+
+
+@pytest.mark.parametrize("name", ["flip", "set_epoch", "worker-seeded", "minority"])
+def test_what_the_doctor_proposes_does_not_change_a_batch(name, records):
+    ds, kw = _adversarial(records)[name]
+    d = fastcollate.doctor(ds, batch_size=8, epochs=2, verify=False, **kw)
+    user = tud.DataLoader(ds, batch_size=8, **kw)
+    mine, theirs = _batches(d.loader(ds), 2, ds), _batches(user, 2, ds)
+    if name == "set_epoch":  # deterministic given the epoch: the very same batches, epoch by epoch
+        assert all(_equal(a, b) for a, b in zip(mine, theirs)), d.proposal
+    else:  # random: never frozen -- the proposal's second epoch is not its first
+        assert not _equal(mine[0], mine[1]), d.proposal
+
+
+def test_a_deterministic_shuffled_dataset_gives_the_users_batches():
+    ds = dd.Expensive(n=96, per_sample=1e-4)
+    kw = {"num_workers": 0, "shuffle": True}
+    d = fastcollate.doctor(ds, batch_size=16, epochs=2, verify=False, **kw)
+    assert all(_equal(a, b) for a, b in zip(_batches(d.loader(ds), 2), _batches(tud.DataLoader(ds, 16, **kw), 2)))
+
+
+# ---- it runs where the user's loader runs ---------------------------------------------------------
+
+def test_an_iterable_dataset_keeps_its_workers_and_its_batches():
+    ds = dd.Stream()
+    d = fastcollate.doctor(ds, batch_size=8, epochs=2, verify=False, num_workers=2)
+    assert d.proposal["settings"]["num_workers"] == 2 and not d.proposal["cache"], d.proposal
+    assert all(p["setting"]["num_workers"] == 2 for p in d.predictions), d.predictions
+    assert any("IterableDataset" in f for f in d.findings), d.findings
+    assert all(_equal(a, b) for a, b in zip(_batches(d.loader(ds), 1), _batches(tud.DataLoader(ds, 8, num_workers=2),
+                                                                                  1)))
+
+
+def test_string_keys_with_a_custom_sampler():
+    ds = dd.StringKeys()
+    d = fastcollate.doctor(ds, batch_size=8, epochs=2, verify=False, sampler=ds.keys())
+    assert d.cache["proof"]["verdict"] == "keys" and not d.proposal["cache"], d.cache
+    assert "sampler=" in d.code() and "0x" not in d.code(), d.code()
+
+
+def test_a_worker_init_fn_that_opens_the_file(records):
+    ds = dd.OpensInWorker(records)
+    d = fastcollate.doctor(ds, batch_size=8, epochs=2, verify=False, num_workers=2, worker_init_fn=dd.open_in_worker)
+    assert all(p["setting"]["num_workers"] > 0 for p in d.predictions), d.predictions
+    assert d.proposal["settings"]["num_workers"] > 0
+    assert d.cache["state"] != "yes", d.cache  # it reads a file: the cache only on that condition
+    assert d.cache["proof"]["files"] == [records], d.cache
+
+
+def test_batches_per_epoch_come_from_the_loader_not_the_dataset():
+    # a sampler over an eighth of the dataset: the model must count 4 batches an epoch, not 32
+    ds = dd.Cheap(n=512)
+    d = fastcollate.doctor(ds, batch_size=16, epochs=1, verify=False, sampler=list(range(64)))
+    assert "4 batches an epoch" in d.findings[0], d.findings
+    bs = tud.BatchSampler(list(range(96)), 32, drop_last=False)  # and a batch sampler's batches
+    d = fastcollate.doctor(ds, batch_size=1, epochs=1, verify=False, batch_sampler=bs)
+    assert "per batch of 32 samples" in d.findings[0] and "3 batches an epoch" in d.findings[0], d.findings
+
+
+@pytest.mark.parametrize("kw, msg", [(dict(drop_last=True, batch_size=64), "no batch"),
+                                     (dict(batch_size=4, budget_s=-1), "budget_s"),
+                                     (dict(batch_size=4, budget_s=0), "budget_s")])
+def test_a_loop_with_no_batch_and_a_bad_budget_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        fastcollate.doctor(dd.Cheap(n=10), **kw)
+
+
+def test_io_bound_fetches_may_get_more_workers_than_cores():
+    from fastcollate.training import model
+
+    d = fastcollate.doctor(dd.Sleepy(n=128, wait=3e-3), batch_size=8, epochs=1, verify=False, num_workers=1)
+    cores = d.load["cores_planned"]
+    assert max(p["setting"]["num_workers"] for p in d.predictions) > cores, d.predictions
+    assert any("wait" in f and "off the CPU" in f for f in d.findings), d.findings
+    assert max(model.worker_counts(2, 0.0)) == 2
+
+
+def test_print_shows_the_report_and_the_rank(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "3")
+    d = fastcollate.doctor(dd.Cheap(n=64), batch_size=16, epochs=1, verify=False)
+    text = str(d)
+    assert text.startswith("\nbottleneck:") and "findings:" in text, text
+    assert d.node["ranks"] == 2 and d.node["rank"] == 3
+    assert any("rank 3 (local 1 of 2 on this node)" in f for f in d.findings), d.findings
+
+
+def test_the_code_names_what_it_cannot_write():
+    sampler = tud.RandomSampler(range(64))
+    d = fastcollate.doctor(dd.Cheap(n=64), batch_size=16, epochs=1, verify=False, sampler=sampler,
+                           worker_init_fn=lambda w: None, num_workers=1)
+    code = d.code()
+    assert "0x" not in code and "<lambda>" not in code, code
+    assert "sampler = ...  # your RandomSampler" in code and "sampler=sampler" in code, code
+    compile(code.replace("...", "None"), "<proposal>", "exec")

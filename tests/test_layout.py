@@ -98,8 +98,11 @@ ALLOWED = {
     "device": {"core", "device"},
     # the doctor and tune apply what they propose: they build fastcollate.DataLoader (loader) and
     # Cached (data); neither of those imports training, so the graph stays one-way
-    "training": {"core", "data", "loader", "device", "training"},
-    "_bench": {"core", "data", "loader", "device", "training", "_bench", "ray"},
+    "training": {"core", "data", "loader", "device", "training", "tuning"},
+    # this rank's share of the node, the machine's load, the model and measuring: what the doctor,
+    # tune and the loader's auto mode share
+    "tuning": {"core", "data", "tuning"},
+    "_bench": {"core", "data", "loader", "device", "training", "tuning", "_bench", "ray"},
 }
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
-import math
 import statistics
 import time
 from typing import Any, Callable
@@ -36,7 +35,10 @@ class Look:
     wall_s: float = 0.0
     worker_busy: float = 0.0    # mean fraction of the run the workers spent on CPU
     main_busy: float = 0.0
+    samples: int = 0            # samples delivered in the look
     waiting: float = 0.0        # the share of a sample's fetch spent waiting, not computing (I/O)
+    epoch_batches: int | None = None  # batches of a whole epoch, as the loader delivered them (None: cut short)
+    whole: bool = True          # every epoch ran to its end (a budget may cut the look short)
 
 
 def _clone(batch: Any) -> Any:
@@ -63,10 +65,11 @@ def _tensor_bytes(x: Any) -> int:
 
 def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any] | None, workers: int,
          max_batches: int | None = None, kind: str = "torch", trace: str | None = None,
-         plot: str | None = None) -> Look:
-    """``epochs`` epochs of a new loader (at most ``max_batches`` batches in all), traced, with
-    ``step``; what each station spent per batch. ``trace`` / ``plot``: paths for the run's
-    Chrome trace and picture."""
+         plot: str | None = None, deadline: float | None = None) -> Look:
+    """``epochs`` epochs of a new loader (at most ``max_batches`` batches in all, and none begun
+    after ``deadline`` -- a time.perf_counter() -- once a few have run), traced, with ``step``; what
+    each station spent per batch. ``trace`` / ``plot``: paths for the run's Chrome trace and
+    picture."""
     mon = StallMonitor(trace=True)
     mem = WorkerMemory()
     worker_cpu0: dict[int, float] = {}  # each worker's CPU clock at its first batch (start-up is not per batch)
@@ -99,6 +102,8 @@ def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any]
     gc.collect()
     copy = None
     first_latency: list[float] = []
+    epoch_batches: int | None = None
+    whole = True
     try:
         t0 = time.perf_counter()
         loader = make_loader()
@@ -140,14 +145,18 @@ def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any]
                 batches += 1
                 i += 1
                 last = per_epoch is not None and i == per_epoch
-                if pids and (last or i % 16 == 0 or (max_batches is not None and batches >= max_batches)):
+                stop = (max_batches is not None and batches >= max_batches) or (
+                    deadline is not None and batches >= 4 and time.perf_counter() > deadline)
+                if pids and (last or i % 16 == 0 or stop):
                     read_cpu(pids, worker_cpu)
                     if last:
                         sample_memory(pids)
                 del batch
-                if max_batches is not None and batches >= max_batches:
-                    stop = True
+                if stop:
+                    whole = per_epoch is not None and i == per_epoch and epoch == epochs - 1
                     break
+            if not stop and epoch_batches is None:
+                epoch_batches = i  # the epoch ran to its end: what the loader really delivers
             if i:
                 main_cpu += time.process_time() - epoch_cpu0 - (ours[0] - ours_at0)
             if pids:
@@ -193,7 +202,17 @@ def look(make_loader: Callable[[], Any], epochs: int, step: Callable[[Any], Any]
     step_s = statistics.median(step_times) if step is not None and step_times else 0.0
     return Look(profile=profile, spikes_s=spikes, step_s=step_s, samples_per_s=samples / wall if wall > 0 else 0.0,
                 batch_bytes=_tensor_bytes(copy), memory=mem.report(), report=report, batch=copy, batches=batches,
-                wall_s=wall, worker_busy=worker_busy / max(1, workers) if workers else 0.0, main_busy=main_busy)
+                wall_s=wall, worker_busy=worker_busy / max(1, workers) if workers else 0.0, main_busy=main_busy,
+                waiting=_waiting(records), epoch_batches=epoch_batches, whole=whole, samples=samples)
+
+
+def _waiting(records: list) -> float:
+    """The share of the fetches' time spent blocked of their own accord (I/O, sleeps) rather than
+    on a CPU, from the trace's per-fetch clocks; 0 where the trace has none. Time the scheduler
+    took from a fetch (a busy machine) is neither: it is not counted."""
+    cpu = sum(r.fetch_cpu_s or 0.0 for r in records)
+    blocked = sum(r.fetch_blocked_s or 0.0 for r in records)
+    return blocked / (cpu + blocked) if cpu + blocked > 0 else 0.0
 
 
 def _spikes(records: list, make: list[float], contention: float) -> list[float]:
@@ -253,16 +272,17 @@ def _cores() -> int:
 
 
 def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_epoch: int, seen: Look,
-          memory: WorkerMemory | None = None) -> model.Profile:
+          memory: WorkerMemory | None = None, max_s: float = 2.0) -> model.Profile:
     """A short untraced run (one epoch, a few batches) of a loader the user does not run now: the
     main process's and the workers' CPU per batch, each batch's wait and the start-up -- untraced,
     because for small batches the trace's own cost is as large as the loader's. The per-batch
     spread of the work (rare slow samples) is the traced run's (``seen``): the dataset is the same.
-    ``memory``: the workers' private memory, sampled at their first and last batch."""
+    ``memory``: the workers' private memory, sampled at their first and last batch. ``max_s``: no
+    new batch after this many seconds (the doctor's budget)."""
     n = min(batches_per_epoch, max(12, 6 * max(1, workers)))
     # at least n batches and min_s seconds (more passes over a short epoch), so that a preemption
     # or two, or the previous run's aftermath, do not set the level
-    min_s, max_s = 0.25, 2.0
+    min_s = min(0.25, max_s / 2)
     gc.collect()  # the same conditions as the measured runs (measure.run_epochs)
     waits: list[float] = []
     firsts: list[float] = []  # the loader's creation to its first batch, then each new epoch's to its first
@@ -378,67 +398,21 @@ def probe(make_loader: Callable[[], Any], workers: int, kind: str, batches_per_e
                          start_workers=workers, contention=1.0, cpu_s=w_cpu)
 
 
-def waiting_share(dataset: Any, samples: int = 32, budget_s: float = 0.3) -> float:
-    """The share of a sample's fetch the dataset spends waiting (I/O, sleeps) rather than on a
-    CPU: a few samples fetched in the main process, wall clock against its thread's CPU clock."""
-    n = len(dataset)
-    if n == 0:
-        return 0.0
-    wall = cpu = 0.0
-    t_end = time.perf_counter() + budget_s
-    for k in range(min(samples, n)):
-        i = (k * 7919) % n  # spread over the dataset
-        w0, c0 = time.perf_counter(), time.thread_time()
-        dataset[i]
-        cpu += time.thread_time() - c0
-        wall += time.perf_counter() - w0
-        if time.perf_counter() > t_end:
-            break
-    return max(0.0, min(1.0, 1.0 - cpu / wall)) if wall > 0 else 0.0
-
-
-def _same(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-                and torch.equal(a.reshape(-1).view(torch.uint8) if a.numel() else a, b.reshape(-1).view(torch.uint8)
-                                if b.numel() else b))
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-def deterministic(dataset: Any, tries: int = 3) -> bool:
-    """Whether the same index fetched twice gives equal samples (types, dtypes, shapes, strides,
-    bytes), at a few indices spread over the dataset."""
-    n = len(dataset)
-    if n == 0:
-        return False
-    for i in sorted({0, n // 2, n - 1})[:tries]:
-        if not _same(dataset[i], dataset[i]):
-            return False
-    return True
-
-
-def replay_ceiling(seen: Look, step: Callable[[Any], Any] | None, work: model.Workload) -> float | None:
-    """The loop with data free: one batch replayed through the step, an epoch's worth (None for a
-    data-only loop: without a step there is nothing but the data)."""
+def replay_ceiling(seen: Look, step: Callable[[Any], Any] | None, work: model.Workload,
+                   max_s: float | None = None) -> float | None:
+    """The loop with data free: one batch replayed through the step, an epoch's worth (at most
+    ``max_s`` seconds of it); None for a data-only loop: without a step there is nothing but the
+    data."""
     if seen.batch is None or step is None:
         return None
     n = max(1, min(work.batches, 256))
     t0 = time.perf_counter()
+    done = 0
     for _ in range(n):
         step(seen.batch)
+        done += 1
+        if max_s is not None and done >= 2 and time.perf_counter() - t0 > max_s:
+            break
     dt = time.perf_counter() - t0
-    samples = n * batch_len(seen.batch)
+    samples = done * batch_len(seen.batch)
     return samples / dt if dt > 0 else float("inf")

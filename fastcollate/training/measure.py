@@ -56,14 +56,16 @@ MIN_RUN_S = 0.2  # a run shorter than this is repeated (a new loader each time) 
 
 
 def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[[Any], Any] | None = None,
-               on_batch: Callable[[Any, Any], None] | None = None, min_s: float = MIN_RUN_S) -> Run:
+               on_batch: Callable[[Any, Any], None] | None = None, min_s: float = MIN_RUN_S,
+               max_batches: int | None = None) -> Run:
     """``epochs`` epochs of ``make_loader()`` (made inside the timing), ``step(batch)`` after each
     batch; ``on_batch(loader, batch)`` is called untimed-ish (for memory samples). The loader is
     dropped (its workers joined) inside the timing too: a user pays that as well.
 
     A run of a few milliseconds (a cheap dataset) is at the mercy of one preemption: it is made
     again, new loader and all, until the runs add up to ``min_s``; the rate is over all of them,
-    ``epoch_s`` and ``first_batch_s`` are the first one's."""
+    ``epoch_s`` and ``first_batch_s`` are the first one's. ``max_batches``: each epoch stops after
+    that many batches (a time budget too small for whole epochs)."""
     gc.collect()
     samples = batches = 0
     epoch_s: list[float] = []
@@ -74,7 +76,7 @@ def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[
         loader = make_loader()
         for _ in range(epochs):
             e0 = time.perf_counter()
-            for batch in loader:
+            for k, batch in enumerate(loader):
                 if first is None:
                     first = time.perf_counter() - t0
                 if step is not None:
@@ -84,6 +86,8 @@ def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[
                 if on_batch is not None:
                     on_batch(loader, batch)
                 del batch
+                if max_batches is not None and k + 1 >= max_batches:
+                    break
             if len(epoch_s) < epochs:
                 epoch_s.append(time.perf_counter() - e0)
         del loader
@@ -153,11 +157,13 @@ MIN_DECISIVE_S = MIN_RUN_S  # a run this long (repeated up to it if need be) can
 
 def compare(arms: dict[str, Callable[[], Iterable]], epochs: int, step: Callable[[Any], Any] | None = None,
             base: str | None = None, min_rounds: int = 2, max_rounds: int = 5, budget_s: float | None = None,
-            progress: Callable[[str], None] | None = None, decide_early: bool = True) -> dict[str, Arm]:
+            progress: Callable[[str], None] | None = None, decide_early: bool = True,
+            max_batches: int | None = None, fill: bool = False) -> dict[str, Arm]:
     """Each arm (name -> loader factory) for ``epochs`` whole epochs per round, in alternating
     order, for at least ``min_rounds`` rounds and more (up to ``max_rounds``, inside
     ``budget_s``) while some arm's paired ratio against ``base`` is still undecided (rounds that
-    disagree on which side of 1 it is)."""
+    disagree on which side of 1 it is) -- or, with ``fill``, as long as ``budget_s`` allows
+    another round (more rounds: a firmer spread). ``max_batches``: of each epoch (see run_epochs)."""
     names = list(arms)
     out = {n: Arm(n) for n in names}
     t0 = time.monotonic()
@@ -166,15 +172,18 @@ def compare(arms: dict[str, Callable[[], Iterable]], epochs: int, step: Callable
         for name in order:
             if progress is not None:
                 progress(f"round {r + 1}: {name}")
-            out[name].runs.append(run_epochs(arms[name], epochs, step))
+            out[name].runs.append(run_epochs(arms[name], epochs, step, max_batches=max_batches))
         done = r + 1
         if done < min_rounds and not (decide_early and base is not None and base in out and len(names) > 1
                                       and all(paired(out[base], out[n])["win"] or paired(out[base], out[n])["loss"]
                                               for n in names if n != base)):
             continue
         elapsed = time.monotonic() - t0
-        if budget_s is not None and elapsed / done * (done + 1) > budget_s:
+        # the next round would end past the budget (filling it, a tenth over is closer than a round under)
+        if budget_s is not None and elapsed / done * (done + 1) > budget_s * (1.1 if fill else 1.0):
             break
+        if fill and budget_s is not None:
+            continue
         if base is None or base not in out:
             break
         undecided = [n for n in names if n != base and not (paired(out[base], out[n])["win"]

@@ -13,6 +13,11 @@ import os
 from typing import Iterable
 
 _MB = 1 << 20
+# A worker's private memory grows by a few MB over an epoch of its own work (its batches, Python's
+# heap; measured: 2-8 MB on numpy-backed and small-sample datasets); beyond this it has copied pages
+# it shares with its parent -- each of N workers holding its own copy is N times that, which a
+# fixed 64 MB threshold let pass unnamed at 8 workers x 40 MB
+COW_MB = 16.0
 
 
 def private_mb(pid: int) -> float | None:
@@ -71,7 +76,7 @@ class WorkerMemory:
             self.first.setdefault(pid, mb)
             self.last[pid] = mb
 
-    def report(self, threshold_mb: float = 64.0) -> dict[str, object]:
+    def report(self, threshold_mb: float = COW_MB) -> dict[str, object]:
         """``{"workers_private_mb": [...], "growth_mb": float, "finding": "copy_on_write" | None}``:
         the last private size of each worker, their mean growth, and "copy_on_write" when a
         worker grew by more than ``threshold_mb``."""

@@ -156,26 +156,46 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
     return {"samples_per_s": samples / total if total > 0 else 0.0, "seconds": total, **parts}
 
 
-def candidates(base: Setting, kinds: Sequence[str], cores: int, epochs: int, cacheable: bool,
-               max_workers: int | None = None) -> list[Setting]:
-    """The settings the doctor predicts: every loader kind allowed, 0..cores workers (bounded by
-    memory: ``max_workers``), prefetch 2/4/8, persistent workers over several epochs, the cache
-    where it is allowed."""
-    top = cores if max_workers is None else max(0, min(cores, max_workers))
+def candidates(base: Setting, kinds: Sequence[str], workers: Sequence[int], epochs: int, cacheable: bool,
+               persistent_ok: bool = True, prefetch: Sequence[int] = (2, 4, 8)) -> list[Setting]:
+    """The settings the doctor predicts: every loader kind allowed, each worker count of
+    ``workers`` (the doctor bounds them by the cores, the waiting, the memory and what must not
+    change a batch), prefetch 2/4/8, persistent workers over several epochs where
+    ``persistent_ok`` (else the user's own choice), the cache where it is allowed."""
     out: dict[tuple, Setting] = {}
     for kind in kinds:
-        for w in range(0, top + 1):
+        for w in sorted(set(workers)):
             if w == 0 and kind == "fastcollate" and "torch+fastcollate" in kinds:
                 # without workers the ring loader is torch's loader with fastcollate.collate: the
                 # same loop, proposed as the smaller change (and never measured twice)
                 continue
-            for pf in ((2, 4, 8) if w else (2,)):
-                for persistent in ((False, True) if w and epochs > 1 else (False,)):
+            pers = ((False, True) if persistent_ok and epochs > 1 else (base.persistent_workers,)) if w else (False,)
+            for pf in (prefetch if w else (2,)):
+                for persistent in pers:
                     for cache in ((False, True) if cacheable else (False,)):
                         s = Setting(kind, w, pf, persistent, cache)
                         out.setdefault(s.key(), s)
     out.setdefault(base.key(), base)
     return list(out.values())
+
+
+def worker_counts(cores: int, waiting: float, most: int | None = None) -> list[int]:
+    """The worker counts worth predicting on ``cores`` cores when a fetch spends ``waiting`` (0-1)
+    of its time off the CPU (I/O, sleeps): a worker then keeps only ``1 - waiting`` of a core busy,
+    so up to ``cores / (1 - waiting)`` of them fit (never more than 8x the cores: each is a process
+    with its own memory). ``most``: a cap (memory). Every count up to the cores, then doublings."""
+    top = cores
+    if waiting > 0:
+        top = max(cores, min(8 * cores, int(cores / max(1.0 - waiting, 1 / (8 * cores)) + 0.5)))
+    if most is not None:
+        top = max(0, min(top, most))
+    out = set(range(0, min(cores, top) + 1))
+    w = max(1, cores)
+    while w < top:
+        w *= 2
+        out.add(min(w, top))
+    out.add(top)
+    return sorted(out)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -186,4 +206,5 @@ def batches_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else ceil_div(n, batch_size)
 
 
-__all__ = ["Profile", "Setting", "Workload", "simulate", "predict", "candidates", "batches_per_epoch"]
+__all__ = ["Profile", "Setting", "Workload", "simulate", "predict", "candidates", "worker_counts",
+           "batches_per_epoch"]
