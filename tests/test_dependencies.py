@@ -156,3 +156,42 @@ def test_every_module_level_import_of_an_optional_adapter_is_declared_somewhere(
                 missing.setdefault(top, []).append(name)
     assert not missing, f"imported by optional modules but in no dependency or extra of pyproject.toml: {missing}"
 
+
+
+# What each Sphinx extension of docs/conf.py needs installed, by distribution. sphinx-gallery runs
+# its default reset_modules (matplotlib's) around every example, and so imports matplotlib,
+# although its own requirements do not name it.
+EXTENSION_NEEDS = {
+    "myst_parser": {"myst-parser"},
+    "sphinx.ext.": {"sphinx"},  # Sphinx's own
+    "sphinx_gallery.gen_gallery": {"sphinx-gallery", "matplotlib"},
+}
+
+
+def docs_conf_needs() -> dict[str, set[str]]:
+    """What docs/conf.py names -- its extensions and its HTML theme -- mapped to distributions."""
+    tree = ast.parse((ROOT / "docs" / "conf.py").read_text())
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name)}
+    needs = {}
+    for ext in ast.literal_eval(values["extensions"]):
+        key = next((k for k in EXTENSION_NEEDS if ext == k or (k.endswith(".") and ext.startswith(k))), None)
+        assert key, f"docs/conf.py uses the extension {ext!r}: add what it needs to EXTENSION_NEEDS here"
+        needs[ext] = EXTENSION_NEEDS[key]
+    theme = ast.literal_eval(values["html_theme"])
+    needs[f"html_theme {theme}"] = {dist_name(theme)}
+    return needs
+
+
+def test_the_docs_extra_covers_what_the_docs_build_needs():
+    project = pyproject()
+    have = declared(project["dependencies"]) | declared(project["optional-dependencies"]["docs"]) | {"fastcollate"}
+    needs = docs_conf_needs()
+    for example in sorted((ROOT / "docs" / "examples").glob("*.py")):  # sphinx-gallery executes them
+        tree = ast.parse(example.read_text())
+        needs[f"examples/{example.name}"] = {d for node in eager_statements(tree.body) for top in (
+            [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else [node.module.split(".")[0]])
+            if top not in sys.stdlib_module_names for d in distribution_of(top)}
+    missing = {what: sorted(dists - have) for what, dists in needs.items() if dists - have}
+    assert not missing, f"`pip install -e \".[docs]\"` lacks what the docs build needs: {missing}"
+    assert "sphinx_gallery.gen_gallery" in needs  # the map above is used, not bypassed
