@@ -37,7 +37,7 @@ printf '#!/bin/sh\nexec %q "$@"\n' "$work/venv/bin/python" > "$work/bin/python"
 chmod +x "$work/bin/python"
 # the test files chosen (fast, no optional framework), copied away from the checkout
 mkdir "$work/tests"
-cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/test_torch_mismatch.py tests/test_semantics.py \
+cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/package_copy.py tests/test_torch_mismatch.py tests/test_semantics.py \
    tests/test_errors.py tests/test_killswitch.py tests/test_loader.py "$work/tests/"
 (
   export PATH="$work/bin"
