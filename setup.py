@@ -4,15 +4,27 @@ Switches are read once, here, and the decision is printed:
   FASTCOLLATE_NO_CUDA=1     never build the CUDA kernels
   FASTCOLLATE_FORCE_CUDA=1  build them even when torch reports no GPU (needs a CUDA torch + nvcc)
   MAX_JOBS, TORCH_CUDA_ARCH_LIST are honoured by torch's BuildExtension itself.
+  FASTCOLLATE_DEBUG=1       -O0 -g; otherwise -O3, and -g0 for the C++ compiler (see cxx_flags)
 Install with: pip install --no-build-isolation -e .
 Package with: python -m build --no-isolation  (an sdist, and a wheel built from it)
 Beside the module, the build writes the record of the torch it was built against
 (fastcollate/_C.build.json, see fastcollate/_buildinfo.py), which fastcollate checks at import.
+
+What it does is said on stderr and in build/fastcollate-build.log (pip shows a successful build's
+output only with -v): the decision, each file as ninja finishes it, the time. An editable install
+keeps its objects in build/editable-* (setuptools would compile into a new temporary folder every
+time), so installing again with unchanged sources compiles nothing.
 """
+import contextlib
 import glob
+import hashlib
 import importlib.util
 import os
+import re
 import shutil
+import sys
+import threading
+import time
 
 from setuptools import setup
 
@@ -86,12 +98,44 @@ def _arch_list(with_cuda: bool) -> str:
     return "auto (the visible GPUs)" if with_cuda else "n/a"
 
 
-WITH_CUDA, WHY = _cuda_decision()
-print(f"fastcollate build: {'CPU+CUDA' if WITH_CUDA else 'CPU only'} ({WHY}); "
-      f"MAX_JOBS={os.environ.get('MAX_JOBS', 'auto')}, TORCH_CUDA_ARCH_LIST={_arch_list(WITH_CUDA)}")
+def say(msg: str) -> None:
+    """A line of what the build does, on stderr (pip shows it with -v) and in the build log."""
+    print(f"fastcollate build: {msg}", file=sys.stderr, flush=True)
+    BUILD_LOG.write(msg)
 
+
+class BuildLog:
+    """build/fastcollate-build.log: opened (afresh) when something is built, not when pip only asks
+    setup.py for metadata; lines said before that are kept for it."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.file, self.pending = path, None, []
+
+    def open(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.file = open(self.path, "w", buffering=1)
+        self.file.write(f"fastcollate build, {time.strftime('%Y-%m-%d %H:%M:%S')}, python {sys.version.split()[0]}, "
+                        f"torch {torch.__version__} ({os.path.dirname(torch.__file__)})\n")
+        for line in self.pending:
+            self.file.write(line)
+
+    def write(self, msg: str, prefix: str = "fastcollate build: ") -> None:
+        line = f"{prefix}{msg}\n"
+        if self.file is None:
+            self.pending.append(line)
+        else:
+            self.file.write(line)
+
+
+BUILD_LOG = BuildLog(os.path.join(HERE, "build", "fastcollate-build.log"))
+WITH_CUDA, WHY = _cuda_decision()
+say(f"{'CPU+CUDA' if WITH_CUDA else 'CPU only'} ({WHY}); "
+    f"MAX_JOBS={os.environ.get('MAX_JOBS', 'auto')}, TORCH_CUDA_ARCH_LIST={_arch_list(WITH_CUDA)}")
+
+# -g0 after Python's own CFLAGS (which carry -g): debug info for torch's headers in every object
+# cost about a third of the compile time and made a 47 MB module of a 1 MB one
 opt = ["-O0", "-g"] if DEBUG else ["-O3"]
-cxx_flags = opt + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+cxx_flags = opt + ([] if DEBUG else ["-g0"]) + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
 define_macros = [("FASTCOLLATE_WITH_CUDA", "1" if WITH_CUDA else "0")]
 
 if WITH_CUDA:
@@ -112,9 +156,97 @@ else:
     )
 
 
+def editable_build_temp() -> str:
+    """Where an editable install keeps its objects: one folder per Python and torch installation
+    (their headers are in every compile command, so two environments never share objects; ninja
+    recompiles what a changed source, header or flag touches)."""
+    where = f"{sys.executable}|{os.path.dirname(torch.__file__)}|{torch.__version__}"
+    tag = f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}"
+    return os.path.join(HERE, "build", f"editable-{tag}-{hashlib.sha1(where.encode()).hexdigest()[:8]}")
+
+
+# ninja -v prints "[3/22] c++ ... -c /abs/csrc/python/pad.cpp -o ..." as each file is done
+NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
+def _source_of(command: str) -> str:
+    sources = re.findall(r"\s-c\s+([^\s-]\S*)", command)
+    return os.path.relpath(sources[-1], HERE) if sources else command[:60]
+
+
+@contextlib.contextmanager
+def ninja_progress(start: float):
+    """While torch runs ninja (which writes to fd 1): each command line it prints becomes one short
+    line, the file and the time so far, on stderr and in the log, the command in the log only;
+    anything else (the compiler's warnings and errors, setuptools' lines) passes through unchanged."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "r", errors="replace") as lines:
+            for line in lines:
+                m = NINJA_STEP.match(line)
+                BUILD_LOG.write(line.rstrip("\n"), prefix="")
+                if m:
+                    say(f"[{m.group(1)}/{m.group(2)}] {_source_of(line)} ({time.monotonic() - start:.0f} s)")
+                else:
+                    os.write(saved, line.encode())
+
+    thread = threading.Thread(target=pump, name="fastcollate-build-log", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)  # closes the pipe's last write end: the pump reads to its end
+        thread.join()
+        os.close(saved)
+
+
+def _compiled_since(ninja_log: str, offset: int) -> list[tuple[float, str]]:
+    """(seconds, object named as its source, csrc/python/pad) of what ninja compiled after
+    ``offset`` bytes of its log, slowest first."""
+    if not os.path.exists(ninja_log):
+        return []
+    with open(ninja_log) as f:
+        f.seek(offset)
+        rows = [line.rstrip("\n").split("\t") for line in f if not line.startswith("#")]
+    where = os.path.dirname(ninja_log)
+    done = [((int(r[1]) - int(r[0])) / 1000, os.path.relpath(r[3], where).removesuffix(".o")) for r in rows if len(r) >= 4]
+    return sorted(done, reverse=True)
+
+
 class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
     """torch's BuildExtension, plus the build record beside each built module: in the build folder
-    (what a wheel packs) and, for --inplace and editable installs, in the source package too."""
+    (what a wheel packs) and, for --inplace and editable installs, in the source package too; and
+    an editable install's objects kept in build/ (see editable_build_temp), and what the build
+    does said as it goes (see ninja_progress)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if getattr(self, "editable_mode", False):  # setuptools gave a new temporary folder
+            self.build_temp = editable_build_temp()
+
+    def build_extensions(self):
+        BUILD_LOG.open()
+        ninja_log = os.path.join(self.build_temp, ".ninja_log")
+        offset = os.path.getsize(ninja_log) if os.path.exists(ninja_log) else 0
+        sources = sum(len(e.sources) for e in self.extensions)
+        say(f"compiling what changed of {sources} sources into {os.path.relpath(self.build_temp, HERE)} "
+            f"(everything, the first time: a few minutes on 2 cores); this log: {BUILD_LOG.path}")
+        start = time.monotonic()
+        with ninja_progress(start):
+            super().build_extensions()
+        done = _compiled_since(ninja_log, offset)
+        if done:
+            slowest = ", ".join(f"{src} {sec:.0f} s" for sec, src in done[:3])
+            say(f"compiled {len(done)} of {sources} files and linked in {time.monotonic() - start:.0f} s "
+                f"(the slowest: {slowest})")
+        else:
+            say(f"nothing to compile: the objects are up to date; linked in {time.monotonic() - start:.0f} s")
 
     def run(self):
         super().run()
@@ -126,7 +258,7 @@ class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
                 dirs.add(build_py.get_package_dir(fullname.rpartition(".")[0]))
             for d in sorted(dirs):
                 path = buildinfo.write(d, cuda_kernels=WITH_CUDA)
-                print(f"fastcollate build: recorded {buildinfo.describe(buildinfo.running())} in {path}")
+                say(f"recorded {buildinfo.describe(buildinfo.running())} in {path}")
 
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildWithRecord})

@@ -3,7 +3,10 @@
 # wheel *from the unpacked sdist*, which proves the sdist holds everything the build needs (one
 # compile: a few minutes on 2 cores). The wheel goes into a fresh venv whose PATH holds no compiler;
 # a smoke test and a fast subset of the tests run there against the installed package, not this
-# checkout. Needs the torch, setuptools, wheel and ninja of README command 1 already installed.
+# checkout. The venv gets torch, then the wheel with its declared dependencies, and `import
+# fastcollate` and a smoke test run there before anything the tests need is added: a module-level
+# import missing from [project] dependencies fails here, as it would for a user.
+# Needs the torch, setuptools, wheel and ninja of README command 1 already installed.
 #   bash .ci/wheel.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,19 +25,19 @@ missing=$(comm -23 <(git ls-files csrc fastcollate CMakeLists.txt setup.py pypro
 [[ -z $missing ]] || { echo "wheel: the sdist lacks: $missing"; exit 1; }
 python -m zipfile -l "$wheel" | grep -q "fastcollate/_C.build.json" || { echo "wheel: no build record in the wheel"; exit 1; }
 
-# a fresh venv: the very torch release the wheel was built against (never a bare `torch`, which
-# would fetch a multi-GB CUDA build; a local version such as +cpu is left to pip's index), and the
-# tests' needs
+# a fresh venv with the very torch release the wheel was built against and nothing else (never a
+# bare `torch`, which would fetch a multi-GB CUDA build; a local version such as +cpu is left to
+# pip's index): what the wheel needs beyond torch must come from its own declared dependencies
 torch_pin=$(python -c "import torch; print(torch.__version__.split('+')[0])")
 python -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install "torch==$torch_pin" pytest numpy > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
+"$work/venv/bin/python" -m pip install "torch==$torch_pin" > "$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }
 # PATH with nothing on it but the venv's python: no compiler can be found, nor anything else
 mkdir "$work/bin"
 printf '#!/bin/sh\nexec %q "$@"\n' "$work/venv/bin/python" > "$work/bin/python"
 chmod +x "$work/bin/python"
 # the test files chosen (fast, no optional framework), copied away from the checkout
 mkdir "$work/tests"
-cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/test_torch_mismatch.py tests/test_semantics.py \
+cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/package_copy.py tests/test_torch_mismatch.py tests/test_semantics.py \
    tests/test_errors.py tests/test_killswitch.py tests/test_loader.py "$work/tests/"
 (
   export PATH="$work/bin"
@@ -44,6 +47,8 @@ cp tests/conftest.py tests/helpers.py tests/sample_data.py tests/test_torch_mism
   done
   python -m pip install "$wheel" > "$work/pip-wheel.log" 2>&1 || { tail -30 "$work/pip-wheel.log"; exit 1; }
   cd "$work"
+  # torch, the wheel and what the wheel declares: nothing the tests bring is installed yet
+  python -c "import importlib.util; assert importlib.util.find_spec('pytest') is None, 'pytest is already installed'"
   python - <<'PYEOF'
 import os, sysconfig
 import torch
@@ -62,6 +67,8 @@ assert len(got) == len(want) == 4
 assert all(torch.equal(g["x"], w["x"]) and torch.equal(g["y"], w["y"]) and g["s"] == w["s"] for g, w in zip(got, want))
 print(f"wheel smoke OK: {fastcollate.__file__}, backend cpp, built for {fastcollate._ext.built_for()}")
 PYEOF
+  # only now what the tests need (the package's own dependencies are installed already)
+  python -m pip install pytest > "$work/pip-tests.log" 2>&1 || { tail -30 "$work/pip-tests.log"; exit 1; }
   cd "$work/tests" && python -m pytest -q -p no:cacheprovider .
 )
 echo "wheel: sdist, wheel from the sdist, install without a compiler, smoke and tests: $((SECONDS - start)) s"

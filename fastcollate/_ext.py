@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import warnings
 from types import ModuleType
 from typing import Any, Optional
@@ -45,9 +46,23 @@ def rebuild_command(pkg_dir: str = _PKG_DIR) -> str:
             "<the fastcollate sdist (fastcollate-*.tar.gz) or a checkout's folder>")
 
 
+def _run_as_cli() -> bool:
+    """Whether this process is fastcollate's own command line: the ``fastcollate`` script or
+    ``python -m fastcollate`` (which import the package before their main can catch anything)."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "fastcollate":
+        return True
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) == "fastcollate"
+
+
 def _refuse_or_fall_back(msg: str) -> ImportError:
-    """A mismatch: ImportError, unless the user opted into the pure-Python path."""
+    """A mismatch: ImportError, unless the user opted into the pure-Python path. Under the CLI
+    (``fastcollate doctor`` is what the docs send a user to), the same message as its one error
+    line and exit status 2, instead of an import traceback."""
     if not (_env_on(ALLOW_FALLBACK_ENV) or _env_on("FASTCOLLATE_DISABLE")):
+        if _run_as_cli():
+            print(f"fastcollate: error: {msg.removeprefix('fastcollate: ')}", file=sys.stderr)
+            raise SystemExit(2)
         raise ImportError(msg)
     why = ALLOW_FALLBACK_ENV if _env_on(ALLOW_FALLBACK_ENV) else "FASTCOLLATE_DISABLE"
     full = f"{msg} ({why} is set: the compiled engine is not used; the pure-Python path serves.)"

@@ -225,6 +225,33 @@ def _timed_fetch(self: Any, possibly_batched_index: Any, orig_fetch: Any) -> Any
         _state.fetch_depth = depth
 
 
+INDEX_NOTE = "fastcollate: raised by the dataset at index "
+
+
+def dataset_index(exc: BaseException, dataset: Any) -> tuple[bool, Any]:
+    """(found, index): whether ``exc`` came out of ``dataset.__getitem__`` (its frame is in the
+    traceback: the innermost one, a subclass may call its base's) and the index it was given."""
+    found, index = False, None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame, code = tb.tb_frame, tb.tb_frame.f_code
+        if code.co_name == "__getitem__" and frame.f_locals.get("self") is dataset:
+            found = True
+            if code.co_argcount >= 2:
+                index = frame.f_locals.get(code.co_varnames[1])
+        tb = tb.tb_next
+    return found, index
+
+
+def _note_index(exc: BaseException, dataset: Any) -> None:
+    """Name the failing index on the dataset's exception: from a worker it reaches the main process
+    as torch's text of its traceback (notes included), where no frame can be read any more."""
+    found, index = dataset_index(exc, dataset)
+    note = f"{INDEX_NOTE}{index!r}"
+    if found and index is not None and hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
+
+
 def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, depth: int) -> Any:
     t0, cpu0, vol0 = now(), cpu_now(), _voluntary_switches()
     marks: list[Any] = [0.0, 0.0, 0.0, (0, 0)]  # collate start, end; the fetch's CPU clock and switches at its end
@@ -263,6 +290,9 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
                 samples = len(possibly_batched_index)
             except TypeError:
                 samples = 1
+    except Exception as exc:  # the same exception, on its way: with the index where the dataset raised
+        _note_index(exc, self.dataset)
+        raise
     finally:
         self.collate_fn = collate_fn
     t1 = now()

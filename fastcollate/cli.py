@@ -9,6 +9,8 @@ import platform
 import sys
 from typing import Any, Sequence
 
+from ._cli_errors import failure, keep_traceback, one_line
+
 
 class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
@@ -24,7 +26,8 @@ def _progress(msg: str) -> None:
 
 
 def _load_dataset(spec: str) -> Any:
-    """'package.module:attr' -> the Dataset (attr may be a zero-argument factory)."""
+    """'package.module:attr' -> the Dataset: attr is the dataset, a Dataset class (made with no
+    arguments) or a zero-argument function that returns the dataset."""
     if ":" not in spec:
         raise CliError(f"--dataset must look like module:attr, got {spec!r}")
     mod_name, attr = spec.split(":", 1)
@@ -33,14 +36,28 @@ def _load_dataset(spec: str) -> Any:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise CliError(f"cannot import {mod_name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code failed on import
+        raise CliError(f"importing {mod_name!r} raised {one_line(exc)}") from None
     try:
         obj = getattr(mod, attr)
     except AttributeError as exc:
         raise CliError(f"{mod_name!r} has no attribute {attr!r}") from exc
-    if callable(obj) and not hasattr(obj, "__getitem__"):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "__getitem__")):
+        what = "a class, made with no arguments" if isinstance(obj, type) else "a function, called with no arguments"
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise CliError(f"{spec} is {what}, and {attr}() raised {one_line(exc)}; give module:attr of the dataset "
+                           "itself, or of a function that makes it") from None
     if not hasattr(obj, "__getitem__"):
         raise CliError(f"{spec} is not a map-style dataset (no __getitem__)")
+    if not hasattr(type(obj), "__len__"):
+        raise CliError(f"{spec} has no __len__: tune and doctor measure whole epochs of a map-style dataset "
+                       "(__getitem__ and __len__)")
+    try:
+        len(obj)
+    except Exception as exc:
+        raise CliError(f"len({spec}) raised {one_line(exc)}") from None
     return obj
 
 
@@ -334,7 +351,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}")
     workers = _workers_list(args.workers)
     _dataset_needs(args.dataset)
-    ds = _load_dataset(args.dataset)
+    ds = args.loaded_dataset = _load_dataset(args.dataset)
     res = tune_loader(ds, args.batch_size, budget_s=args.budget, num_workers=workers, epochs=args.epochs,
                       progress=True)
     print(res.format())
@@ -410,7 +427,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         from .training.doctor import LoaderArgumentsError
 
-        ds = _load_dataset(args.dataset)
+        ds = args.loaded_dataset = _load_dataset(args.dataset)
         try:
             d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader, verify=args.fix,
                        budget_s=args.budget, trace=args.trace, plot=args.plot,
@@ -467,15 +484,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the call alone and the iter_torch_batches epoch; needs the ray extra)")
     b.set_defaults(fn=cmd_bench, peer_workloads=False)
     t = sub.add_parser("tune", help="pick DataLoader settings for a dataset by measurement")
-    t.add_argument("--dataset", required=True, help="module:attr of a map-style Dataset (or a factory)")
+    t.add_argument("--dataset", required=True,
+                   help="module:attr of a map-style Dataset, a Dataset class (made with no arguments) or a factory")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--budget", type=float, default=60.0, help="seconds for the whole sweep")
-    t.add_argument("--workers", help="comma-separated worker counts to try (default: 0,1,2,4,... up to cores)")
+    t.add_argument("--workers", help="comma-separated worker counts to try, more than the cores allowed (marked); "
+                        "default: 0,1,2,4,... up to twice the usable cores")
     t.add_argument("--epochs", type=int, default=1, help="whole epochs per measured run (a new loader each)")
     t.add_argument("--json", metavar="PATH")
     t.set_defaults(fn=cmd_tune)
     d = sub.add_parser("doctor", help="environment report; with --dataset: diagnose, propose and (--fix) prove the fix")
-    d.add_argument("--dataset", help="module:attr of your map-style Dataset (or a factory)")
+    d.add_argument("--dataset",
+                   help="module:attr of your map-style Dataset, a Dataset class (made with no arguments) or a factory")
     d.add_argument("--batch-size", type=int, default=32)
     d.add_argument("--loader-kwargs", metavar="JSON",
                    help="the DataLoader arguments you use now, e.g. '{\"num_workers\": 2, \"shuffle\": true}'")
@@ -510,6 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastcollate: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # the dataset's error, or any other: one line, the traceback kept in a file
+        where = keep_traceback(exc, args.command)
+        print(f"fastcollate {args.command}: {failure(exc, getattr(args, 'loaded_dataset', None))} "
+              f"(traceback: {where})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Each command runs and exits 0; bad arguments give one clear line and a non-zero exit."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -208,3 +209,75 @@ def test_a_missing_optional_package_is_one_line_before_any_run(tmp_path):
         lines = [l for l in r.stderr.strip().splitlines() if l.startswith("fastcollate: error")]
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
         assert "Traceback" not in r.stderr and "doctor:" not in r.stderr  # nothing ran
+
+
+def _one_error_line(r):
+    """The run failed with one line on stderr (progress lines aside) and no traceback: that line."""
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-4000:]
+    lines = [l for l in r.stderr.strip().splitlines() if l.startswith("fastcollate")]
+    assert len(lines) == 1 and r.stderr.strip().splitlines()[-1] == lines[0], r.stderr[-4000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["doctor", "--workers", "0", "--epochs", "1"],
+                                     ["doctor", "--workers", "2", "--epochs", "1"],
+                                     ["tune", "--workers", "0,2", "--budget", "20"]])
+def test_a_dataset_that_raises_is_named_with_its_error_and_index(command):
+    # in this process the index comes from the dataset's __getitem__ frame
+    r = run(command[0], "--dataset", "cli_dataset:BROKEN", "--batch-size", "4", *command[1:])
+    line = _one_error_line(r)
+    # with workers, the doctor's traced fetch notes the index on the exception the worker sends
+    assert re.match(rf"fastcollate {command[0]}: the dataset raised ZeroDivisionError at index 5"
+                    r"( in DataLoader worker process \d+)?: division by zero \(traceback: ", line), line
+    where = line.rsplit("(traceback: ", 1)[1].rstrip(")")
+    with open(where) as f:
+        assert "return 1 / 0" in f.read()  # the whole traceback is kept for the user's fix
+    os.remove(where)
+
+
+def test_a_worker_error_is_named_with_the_datasets_own_exception():
+    r = run("tune", "--dataset", "cli_dataset:BrokenInWorkers", "--batch-size", "4", "--workers", "2", "--budget", "20")
+    line = _one_error_line(r)
+    assert line.startswith("fastcollate tune: the dataset raised ValueError in DataLoader worker process "), line
+    assert "(the worker did not report the index): the file of sample 5 is truncated (traceback: " in line, line
+    assert "budget" not in line
+    os.remove(line.rsplit("(traceback: ", 1)[1].rstrip(")"))
+
+
+def test_failures_explain_themselves_in_one_line():
+    from fastcollate._cli_errors import failure
+
+    try:
+        raise RuntimeError("first line\nsecond line")
+    except RuntimeError as exc:
+        assert failure(exc, None) == "RuntimeError: first line ..."
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("cli_dataset:NeedsRoot", "cli_dataset:NeedsRoot is a class, made with no arguments, and NeedsRoot() raised "
+                              "TypeError: "),
+    ("cli_dataset:broken_factory", "broken_factory() raised FileNotFoundError: no such folder: /data/imagenet"),
+    ("cli_dataset:NoLen", "cli_dataset:NoLen has no __len__"),
+])
+def test_a_dataset_that_cannot_be_made_or_measured_is_one_line(spec, needle):
+    for command in (["tune", "--batch-size", "4"], ["doctor"]):
+        r = run(*command, "--dataset", spec)
+        line = _one_error_line(r)
+        assert r.returncode == 2 and line.startswith("fastcollate: error: ") and needle in line, line
+
+
+def test_a_dataset_class_is_made_with_no_arguments():
+    r = run("tune", "--dataset", "cli_dataset:Images", "--batch-size", "16", "--budget", "3", "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    assert "best: torch's DataLoader with" in r.stdout or "best: fastcollate.DataLoader" in r.stdout, r.stdout
+
+
+def test_tune_measures_more_workers_than_cores_and_marks_them():
+    cores = len(os.sched_getaffinity(0))
+    many = 2 * cores
+    r = run("tune", "--dataset", "cli_dataset:DATASET", "--batch-size", "64", "--budget", "6",
+            "--workers", f"0,{many}")
+    assert r.returncode == 0, r.stderr
+    rows = [l for l in r.stdout.splitlines() if l.startswith(f"| {many:>7} |")]
+    assert rows and all(f"more workers than the {cores} usable cores" in l for l in rows), r.stdout

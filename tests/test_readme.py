@@ -1,6 +1,8 @@
-"""Every ```python block of README.md runs as written, on the CPU.
+"""Every ```python block of README.md runs as written, on the CPU: each alone, and the whole tour
+top to bottom in one interpreter, as a reader pastes it into one session (a block that rebinds a
+name a later block uses -- ``ds`` -- breaks the second run, not the first).
 
-Each block runs in a fresh interpreter (a subprocess: tracing and loaders wrap torch's classes
+Each run is a fresh interpreter (a subprocess: tracing and loaders wrap torch's classes
 process-wide, and must not leak into other tests), in a scratch directory, with only the
 stand-ins a reader brings -- their dataset ``ds``, a ``train_step``, a TensorBoard ``writer``,
 a ``train.bin`` token file -- defined here, never in the README. A block that raises fails.
@@ -55,12 +57,15 @@ STAND_INS = textwrap.dedent('''
     np.arange(64 * 1024, dtype=np.uint16).tofile("train.bin")  # the memmap the storage block opens
 ''')
 
+# the blocks named on the command line, in order, in ONE namespace (what a reader's session is)
 RUNNER = textwrap.dedent('''
     import sys
     import stand_ins
-    names = {k: getattr(stand_ins, k) for k in ("ds", "writer", "train_step")}
-    code = open(sys.argv[1]).read()
-    exec(compile(code, "README.md block", "exec"), {"__name__": "__main__", **names})
+    session = {"__name__": "__main__", **{k: getattr(stand_ins, k) for k in ("ds", "writer", "train_step")}}
+    for path in sys.argv[1:]:
+        print(f"== {path}", file=sys.stderr, flush=True)
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), session)
 ''')
 
 
@@ -91,16 +96,33 @@ def test_readme_is_short_and_has_a_tour():
     assert 5 <= len(BLOCKS) <= 8, f"{len(BLOCKS)} python blocks: the tour has 5-8 snippets"
 
 
-@pytest.mark.parametrize("line,code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
-def test_readme_block_runs(line, code, tmp_path):
+def run_blocks(blocks: list[tuple[int, str]], tmp_path, timeout: int) -> subprocess.CompletedProcess:
+    """Run ``blocks`` in order in one fresh interpreter; each is a file named after its README line."""
     (tmp_path / "stand_ins.py").write_text(STAND_INS)
-    (tmp_path / "run_block.py").write_text(RUNNER)
-    (tmp_path / "block.py").write_text(code)
+    (tmp_path / "run_blocks.py").write_text(RUNNER)
+    names = []
+    for line, code in blocks:
+        names.append(f"README.md-line{line}.py")
+        (tmp_path / names[-1]).write_text(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]), CUDA_VISIBLE_DEVICES="")
     env.pop("FASTCOLLATE_DISABLE", None)
     # the stand-ins module writes train.bin into the working directory when first imported
     # warnings are errors: a snippet that makes the library warn (pin_memory=True beside the
     # prefetcher, say) contradicts the advice around it
-    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-W", "error::RuntimeWarning", "run_block.py",
-                        "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-W", "error::UserWarning", "-W", "error::RuntimeWarning", "run_blocks.py",
+                           *names], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("line,code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
+def test_readme_block_runs(line, code, tmp_path):
+    r = run_blocks([(line, code)], tmp_path, timeout=180)
     assert r.returncode == 0, f"README.md block at line {line} failed:\n{code}\n--- stderr:\n{r.stderr[-4000:]}"
+
+
+def test_the_tour_runs_top_to_bottom_in_one_interpreter(tmp_path):
+    # no block may rebind a name (ds, loader...) that a later block takes as the reader's own
+    r = run_blocks(BLOCKS, tmp_path, timeout=300)
+    started = [l for l in r.stderr.splitlines() if l.startswith("== README.md-line")]
+    assert r.returncode == 0, (f"the tour failed in one session, in {started[-1][3:] if started else '?'}:\n"
+                               f"--- stderr:\n{r.stderr[-4000:]}")
+    assert len(started) == len(BLOCKS)

@@ -6,9 +6,7 @@ Only one torch can be installed here (the others are multi-GB CUDA wheels), so t
 alter the build record in a temp copy of the package (a checkout's or an installed one) and run
 `import fastcollate` from that copy. The rules themselves are checked on records directly.
 """
-import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +16,7 @@ import torch
 
 import fastcollate
 from fastcollate import _buildinfo, _ext
+from package_copy import OLDER, copy_package
 
 PKG = os.path.dirname(os.path.abspath(fastcollate.__file__))
 NOW = _buildinfo.running()
@@ -94,20 +93,6 @@ def test_this_build_has_its_record_and_it_matches():
 
 # ---- import from a copy whose record differs -------------------------------------------------------
 
-def _copy(tmp_path, record=None, drop_record=False, garbage_module=False):
-    dst = tmp_path / "pkg" / "fastcollate"
-    shutil.copytree(PKG, dst, ignore=shutil.ignore_patterns("__pycache__"))
-    if drop_record:
-        os.remove(dst / _buildinfo.RECORD_NAME)
-    if record is not None:
-        (dst / _buildinfo.RECORD_NAME).write_text(json.dumps(record))
-    if garbage_module:  # loading it would fail with "invalid ELF header", not with our message
-        for name in os.listdir(dst):
-            if name.startswith("_C.") and name.endswith(".so"):
-                (dst / name).write_bytes(b"not a shared object")
-    return dst.parent
-
-
 def _run(tmp_path, pkg_root, code, **env):
     full_env = {k: v for k, v in os.environ.items() if k not in ("FASTCOLLATE_DISABLE", "FASTCOLLATE_ALLOW_FALLBACK")}
     full_env.update(PYTHONPATH=str(pkg_root), **env)
@@ -116,11 +101,10 @@ def _run(tmp_path, pkg_root, code, **env):
                           capture_output=True, text=True, timeout=120)
 
 
-OLDER = _rec(torch="2.12.0+cpu" if NOW["torch_cuda"] is None else f"2.12.0+cu{NOW['torch_cuda'].replace('.', '')}")
 
 
 def test_a_mismatch_is_one_clear_importerror_before_loading(tmp_path):
-    root = _copy(tmp_path, record=OLDER, garbage_module=True)
+    root = copy_package(tmp_path, record=OLDER, garbage_module=True)
     r = _run(tmp_path, root, """
         try:
             import fastcollate
@@ -139,7 +123,7 @@ def test_a_mismatch_is_one_clear_importerror_before_loading(tmp_path):
 
 
 def test_allow_fallback_runs_the_python_path_without_loading(tmp_path):
-    root = _copy(tmp_path, record=OLDER, garbage_module=True)
+    root = copy_package(tmp_path, record=OLDER, garbage_module=True)
     r = _run(tmp_path, root, """
         with warnings.catch_warnings(record=True) as w:
             import fastcollate
@@ -164,7 +148,7 @@ def test_allow_fallback_runs_the_python_path_without_loading(tmp_path):
 
 
 def test_the_disable_switch_still_rolls_back_on_a_mismatch(tmp_path):
-    root = _copy(tmp_path, record=_rec(cxx11_abi=not NOW["cxx11_abi"]), garbage_module=True)
+    root = copy_package(tmp_path, record=_rec(cxx11_abi=not NOW["cxx11_abi"]), garbage_module=True)
     r = _run(tmp_path, root, """
         import fastcollate, torch
         from torch.utils.data import default_collate
@@ -180,7 +164,7 @@ def test_the_disable_switch_still_rolls_back_on_a_mismatch(tmp_path):
 
 
 def test_no_record_is_tolerated_and_said(tmp_path):
-    root = _copy(tmp_path, drop_record=True)
+    root = copy_package(tmp_path, drop_record=True)
     r = _run(tmp_path, root, """
         import fastcollate
         assert fastcollate.__file__.startswith(ROOT), fastcollate.__file__

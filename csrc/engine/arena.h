@@ -3,7 +3,7 @@
 // no Python: run_copies is called with the GIL released.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <cstddef>
 #include <cstdint>

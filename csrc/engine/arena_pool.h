@@ -4,7 +4,7 @@
 // cost is page-faulting it; reuse skips that.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <cstddef>
 #include <cstdint>

@@ -15,7 +15,7 @@
 // stays allocated (counted in the allocator's top).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <cstdint>
 

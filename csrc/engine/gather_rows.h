@@ -5,7 +5,7 @@
 // runs them without it, on the pool.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <atomic>
 #include <cstddef>

@@ -3,7 +3,7 @@
 // (the block is a tensor), no Python. The slots' tensors and leases: python/ring.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <cstdint>
 #include <vector>

@@ -3,7 +3,7 @@
 // memory the caller owns. ATen, no Python, GIL-free.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
 
 #include <cstdint>
 

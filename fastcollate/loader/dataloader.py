@@ -225,7 +225,8 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     ``loader.collate_fn`` is a :class:`fastcollate.RingCollator` around what you passed
     (``.inner``): a complete collate_fn in any loader, so frameworks that re-create the loader
     from its attributes keep the ring. Like torch's loader it keeps no iteration state (no
-    ``state_dict``); :class:`fastcollate.StatefulDataLoader` resumes mid-epoch.
+    ``state_dict``: calling it raises an AttributeError that names the alternative);
+    :class:`fastcollate.StatefulDataLoader` resumes mid-epoch.
 
     >>> import torch, fastcollate
     >>> loader = fastcollate.DataLoader([torch.ones(2)] * 8, batch_size=4, num_workers=0)
@@ -236,6 +237,16 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     def stats(self) -> dict[str, Any]:
         """The worker ring's counters (see :meth:`ring_stats`)."""
         return self.ring_stats()
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found: torch's loader has no state_dict either, and frameworks test
+        # for one with hasattr, so it stays missing -- with the advice a user calling it needs
+        if name in ("state_dict", "load_state_dict"):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}': like torch's DataLoader, "
+                                 "fastcollate.DataLoader keeps no iteration state; to resume mid-epoch use "
+                                 "fastcollate.StatefulDataLoader (torchdata's StatefulDataLoader with fastcollate's "
+                                 "collate and ring: pip install torchdata)", name=name, obj=self)
+        return object.__getattribute__(self, name)  # any other name: the lookup's own error, unchanged
 
 
 def with_ring(loader_class: type) -> type:

@@ -2,9 +2,10 @@
 the loader's start-up, alternating rounds, the spread reported, and a difference inside the
 spread never called a win.
 
-The grid is num_workers (never more than the usable cores) x prefetch_factor x the loader:
-torch's DataLoader with default_collate, with fastcollate.collate, and fastcollate.DataLoader
-(the ring). Every setting runs once per round, the order reversed each round; later rounds
+The grid is num_workers x prefetch_factor x the loader: torch's DataLoader with default_collate,
+with fastcollate.collate, and fastcollate.DataLoader (the ring). Every worker count asked for is
+measured, more than the usable cores included (workers whose fetches wait on I/O overlap beyond
+the cores); such rows are marked. Every setting runs once per round, the order reversed each round; later rounds
 keep only the settings still in reach of the fastest (their ranges overlap), so the budget goes
 where the answer is still open. fastcollate.doctor predicts instead of sweeping: use it to
 find the fix; use this to check a grid you care about.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
@@ -24,6 +26,12 @@ from . import measure
 from .memory import worker_pids
 
 LOADERS = ("torch", "torch+fastcollate", "fastcollate")
+# what each kind of loader is, in words (a collate_fn of the user's replaces default_collate)
+LOADER_NAMES = {"torch": "torch's DataLoader with default_collate",
+                "torch+fastcollate": "torch's DataLoader with fastcollate.collate",
+                "fastcollate": "fastcollate.DataLoader"}
+# worker counts beyond this many per usable core are refused: processes that only contend
+MAX_WORKERS_PER_CORE = 8
 
 
 @dataclasses.dataclass
@@ -34,6 +42,8 @@ class TuneResult:
     tied: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows within the spread of the fastest
     batch_size: int = 1
     rounds: int = 0  # rounds the chosen setting was measured
+    kind: str = ""  # the chosen loader among LOADERS ("" in results made before it was recorded: from loader_kind)
+    cores: int = 0  # the usable cores the rows with more workers are marked against
 
     def loader(self, dataset: Any, **overrides: Any) -> Any:
         """A loader over ``dataset`` with the chosen settings."""
@@ -50,13 +60,32 @@ class TuneResult:
             sps = f"{r['samples_per_s']:9.0f}" if r["samples_per_s"] else " " * 9
             spread = f"{r['min']:.0f}-{r['max']:.0f}" if r["rounds"] else ""
             rss = f"{r['peak_rss_mb']:11.0f}" if r["peak_rss_mb"] else " " * 11
+            note = "; " + r["note"] if r.get("note") else ""
             lines.append(f"| {r['num_workers']:>7} | {str(r['prefetch_factor']):>8} | {r['loader']:<17} | {sps} | "
-                         f"{spread:>15} | {r['rounds']:>6} | {rss} | {r['status']} |")
+                         f"{spread:>15} | {r['rounds']:>6} | {rss} | {r['status']}{note} |")
         return "\n".join(lines)
+
+    def loader_name(self) -> str:
+        """The chosen loader in words: torch's DataLoader with default_collate (or with your
+        collate_fn) or with fastcollate.collate, or fastcollate.DataLoader."""
+        kind = self.kind or ("fastcollate" if self.loader_kind == "fastcollate" else "torch")
+        if kind == "torch" and self.best.get("collate_fn") not in (None, fast_collate):
+            return "torch's DataLoader with your collate_fn"
+        return LOADER_NAMES[kind]
 
     def verdict(self) -> str:
         top = self.best
-        name = f"{self.loader_kind} loader, num_workers={top.get('num_workers')}"
+        name = f"{self.loader_name()}, num_workers={top.get('num_workers')}"
+        if top.get("num_workers", 0) > self.cores > 0:
+            name += f" (more workers than the {self.cores} usable cores)"
+        measured = [r for r in self.table if r.get("samples_per_s")]
+        if self.table and len(measured) == 1:
+            failed = sum(r["status"].startswith("error") for r in self.table)
+            unrun = len(self.table) - 1 - failed
+            rest = "".join(f"; {n} other setting{'s' if n > 1 else ''} {what}" for n, what in
+                           ((failed, "failed (see the table)"), (unrun, "did not fit the budget: raise budget_s"))
+                           if n)
+            return f"best: {name} -- the only setting measured, so nothing was compared with it{rest}"
         if len(self.tied) > 1:
             others = ", ".join(f"{r['loader']}/{r['num_workers']}w/pf{r['prefetch_factor']}" for r in self.tied[1:4])
             how = ("within 10% of each other in the one round the budget allowed" if self.rounds < 2
@@ -71,14 +100,24 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         best = {k: (("fastcollate.collate" if v is fast_collate else repr(v)) if callable(v) else v)
                 for k, v in self.best.items()}
-        return {"best": best, "loader": self.loader_kind, "table": self.table, "tied": self.tied}
+        return {"best": best, "loader": self.loader_kind, "kind": self.kind, "loader_name": self.loader_name(),
+                "usable_cores": self.cores, "table": self.table, "tied": self.tied}
 
 
-def _candidates(num_workers: Sequence[int] | None) -> list[int]:
-    cores = usable_cores()
+def _candidates(num_workers: Sequence[int] | None, cores: int) -> list[int]:
+    """The worker counts to measure: all of those asked for (refusing only counts no machine runs
+    well, beyond MAX_WORKERS_PER_CORE per core); by default 0, 1, 2, 4, 8... up to twice the usable
+    cores. Beyond the cores, workers pay only while their fetches wait (files, network, decoding
+    that releases the GIL in another process): twice the cores is where such datasets usually stop
+    gaining, and a CPU-bound dataset shows its loss there at the cost of one more row."""
     if num_workers is None:
-        num_workers = sorted({0, 1, 2, 4, 8, 16, cores})
-    return [w for w in num_workers if 0 <= w <= cores]  # never more workers than cores
+        return sorted({w for w in (0, 1, 2, 4, 8, 16, 32, 64) if w <= 2 * cores} | {cores, 2 * cores})
+    limit = max(MAX_WORKERS_PER_CORE * cores, 16)
+    too_many = [w for w in num_workers if w > limit]
+    if too_many:
+        raise ValueError(f"tune_loader: {too_many[0]} workers on {cores} usable cores is more than "
+                         f"{MAX_WORKERS_PER_CORE} a core (at most {limit} here)")
+    return sorted(set(num_workers))
 
 
 def _kwargs(loader: str, w: int, pf: int | None, collate_fn: Callable | None, shuffle: bool) -> dict[str, Any]:
@@ -118,9 +157,10 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
         raise ValueError(f"tune_loader: budget_s must be > 0, got {budget_s}")
     if epochs < 1:
         raise ValueError(f"tune_loader: epochs must be >= 1, got {epochs}")
-    workers = _candidates(num_workers)
-    if not workers:
-        raise ValueError(f"tune_loader: no worker count fits the {usable_cores()} cores available")
+    cores = usable_cores()
+    workers = _candidates(num_workers, cores)
+    if not workers or workers[0] < 0:
+        raise ValueError(f"tune_loader: num_workers must list counts >= 0, got {num_workers!r}")
     kinds = list(loaders) if loaders is not None else (
         ["torch"] if collate_fn is not None else (list(LOADERS) if compare_default else ["torch+fastcollate", "fastcollate"]))
     bad = [k for k in kinds if k not in LOADERS]
@@ -142,6 +182,7 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
 
     arms = {cfg: measure.Arm(str(cfg)) for cfg in configs}
     status = {cfg: "ok" for cfg in configs}
+    first_error: BaseException | None = None
     peak = {cfg: 0.0 for cfg in configs}
     deadline = time.monotonic() + budget_s
     alive = list(configs)
@@ -159,9 +200,14 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
                 def watch(loader: Any, batch: Any, cfg: tuple = cfg) -> None:
                     it = getattr(loader, "_iterator", None)
                     peak[cfg] = max(peak[cfg], _rss_mb(worker_pids(it) if it is not None else []))
-                arms[cfg].runs.append(measure.run_epochs(factory(cfg), epochs, on_batch=_every(8, watch)))
+                with warnings.catch_warnings():
+                    # torch warns at every loader with more workers than cores: the table marks those rows
+                    warnings.filterwarnings("ignore", message=".*worker processes in total", category=UserWarning)
+                    arms[cfg].runs.append(measure.run_epochs(factory(cfg), epochs, on_batch=_every(8, watch)))
             except Exception as exc:  # a setting that cannot run is a row, not the end of the sweep
-                status[cfg] = f"error: {type(exc).__name__}: {exc}"[:120]
+                status[cfg] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120]
+                if first_error is None:
+                    first_error = exc
         rounds += 1
         alive = [c for c in alive if status[c] == "ok" and arms[c].runs]
         if rounds >= 2 and alive:
@@ -179,10 +225,14 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
         st = status[cfg] if arms[cfg].runs or status[cfg] != "ok" else "skipped (budget)"
         table.append({"loader": kind, "num_workers": w, "prefetch_factor": pf, "pin_memory": pin,
                       "samples_per_s": arms[cfg].median, "min": sp["min"], "max": sp["max"], "rounds": sp["rounds"],
-                      "peak_rss_mb": peak[cfg], "status": st})
+                      "peak_rss_mb": peak[cfg], "status": st,
+                      "note": f"more workers than the {cores} usable cores" if w > cores else ""})
     measured = [r for r, cfg in zip(table, configs) if r["samples_per_s"] > 0]
     if not measured:
-        raise RuntimeError("tune_loader: no configuration produced a measurement within the budget; raise budget_s")
+        if first_error is not None:
+            raise first_error  # every setting that ran failed: the dataset's (or loader's) own error, as raised
+        raise RuntimeError(f"tune_loader: no setting finished a measured run within budget_s={budget_s:g} s; "
+                           "raise budget_s")
     pick, tied = choose(measured)
     best = _kwargs(pick["loader"], pick["num_workers"], pick["prefetch_factor"], collate_fn, shuffle)
     best["pin_memory"] = pick["pin_memory"]
@@ -190,7 +240,8 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
     if shuffle:
         best["shuffle"] = True
     return TuneResult(best=best, table=table, loader_kind="fastcollate" if pick["loader"] == "fastcollate" else "torch",
-                      tied=tied if len(tied) > 1 else [], batch_size=batch_size, rounds=pick["rounds"])
+                      tied=tied if len(tied) > 1 else [], batch_size=batch_size, rounds=pick["rounds"],
+                      kind=pick["loader"], cores=cores)
 
 
 def choose(measured: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -230,4 +281,4 @@ def _rss_mb(pids: Sequence[int]) -> float:
     return total / 2**20
 
 
-__all__ = ["TuneResult", "tune_loader", "LOADERS"]
+__all__ = ["TuneResult", "tune_loader", "LOADERS", "LOADER_NAMES"]
