@@ -172,3 +172,17 @@ def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | N
     if hasattr(want, "__dict__") and not isinstance(want, (torch.Tensor, type)) and \
             (hasattr(want, "keys") or isinstance(want, (list, tuple))):
         assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)
+
+
+def wait_until(condition, timeout: float = 30.0, poll: float = 0.005) -> bool:
+    """Poll ``condition()`` until it is true or ``timeout`` seconds have passed; its last value.
+    For what another thread or process does on its own time: a deadline, never a duration, so
+    generous (30 s) that only a hang reaches it, and a busy machine never does."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return bool(condition())
+        time.sleep(poll)
+    return True

@@ -18,7 +18,7 @@ import fastcollate
 from fastcollate.device.pipeline import Producer, PipelineStats
 from fastcollate.loader.ring import Ring, RingCollator
 from fastcollate.device.transport import Delivered, HostHold
-from helpers import assert_same
+from helpers import assert_same, wait_until
 
 
 class Copies:
@@ -275,6 +275,9 @@ def test_pipeline_shutdown_waits_for_the_copies_of_discarded_batches():
     epoch = Producer(range(100), stage, 3, PipelineStats())
     first = next(epoch)
     assert first.batch == 0
+    # the producer thread runs ahead on its own time: on a busy machine it may not have made a
+    # second batch yet when next() returns -- wait until the queue holds two
+    assert wait_until(lambda: epoch._q.qsize() >= 2)
     epoch.close()  # the queue still held prefetched batches whose copies were "running"
     del first
     gc.collect()
