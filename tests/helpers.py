@@ -186,3 +186,25 @@ def wait_until(condition, timeout: float = 30.0, poll: float = 0.005) -> bool:
             return bool(condition())
         time.sleep(poll)
     return True
+
+
+def in_thread(fn, timeout: float = 60.0):
+    """fn() on a daemon thread: its value, or its exception re-raised; a deadlock fails the test
+    after ``timeout`` seconds instead of hanging the suite (a bound only a hang reaches)."""
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # pragma: no cover - reported below
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"deadlocked: still running after {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
