@@ -115,8 +115,8 @@ def _hold(n, width=4, limit=1024, env=None):
 
 
 # 100,000 small batches read into the main process (each ~5 ms of a 2-core machine's time);
-# FASTCOLLATE_HELD_BATCHES sets another count. About 400 s beside a CPU-heavy job (4 ms a batch
-# at a load average of 6.5 on 2 cores): the subprocess's 3600 s is a deadline only a hang reaches.
+# FASTCOLLATE_HELD_BATCHES sets another count. 141 s beside 4 busy processes on 2 cores, and a
+# busier machine stretches it further: the subprocess's 3600 s is a deadline only a hang reaches.
 @pytest.mark.parametrize("n", [int(os.environ.get("FASTCOLLATE_HELD_BATCHES", 100_000))])
 def test_held_batches_keep_no_file_descriptors(n):
     _hold(n, limit=1024)
