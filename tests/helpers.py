@@ -172,3 +172,39 @@ def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | N
     if hasattr(want, "__dict__") and not isinstance(want, (torch.Tensor, type)) and \
             (hasattr(want, "keys") or isinstance(want, (list, tuple))):
         assert_identical(vars(got), vars(want), f"{where}.__dict__", memo)
+
+
+def wait_until(condition, timeout: float = 30.0, poll: float = 0.005) -> bool:
+    """Poll ``condition()`` until it is true or ``timeout`` seconds have passed; its last value.
+    For what another thread or process does on its own time: a deadline, never a duration, so
+    generous (30 s) that only a hang reaches it, and a busy machine never does."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return bool(condition())
+        time.sleep(poll)
+    return True
+
+
+def in_thread(fn, timeout: float = 60.0):
+    """fn() on a daemon thread: its value, or its exception re-raised; a deadlock fails the test
+    after ``timeout`` seconds instead of hanging the suite (a bound only a hang reaches)."""
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # pragma: no cover - reported below
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"deadlocked: still running after {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

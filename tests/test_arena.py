@@ -2,14 +2,13 @@
 GIL-free threaded copy."""
 import gc
 import os
-import time
 
 import pytest
 import torch
 
 import fastcollate
 from fastcollate import _ext
-from helpers import tensor_leaves
+from helpers import in_thread, tensor_leaves
 
 C = _ext._C
 
@@ -118,25 +117,28 @@ def test_threads_give_identical_batches():
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs and thread affinity (Linux)")
-def test_helpers_forced_onto_the_callers_cpu_stay_exact_and_do_not_stall():
+def test_helpers_forced_onto_the_callers_cpu_stay_exact_and_do_not_hang():
     # A helper that finds itself on the caller's CPU takes no task and stops polling; force it
-    # there (every thread of this process on one CPU) and the copies must still be exact, each
-    # run finished by the caller alone in about a single-threaded copy's time.
+    # there (every thread of this process on one CPU) and the copies must still be exact and end.
+    # That each takes about a single-threaded copy's time is a speed: benchmarks/caller_cpu.py
+    # (a 20 s bound on 200 copies here took 6-10 s beside 4 busy processes on 2 cores).
     src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
     dst = torch.zeros_like(src)
     C.copy_bytes(dst, src, 2, 1 << 20)  # the pool's helper exists from here on
     tids = [int(t) for t in os.listdir("/proc/self/task")]
     before = {t: os.sched_getaffinity(t) for t in tids}
     cpu = min(os.sched_getaffinity(0))
-    try:
-        for t in tids:
-            os.sched_setaffinity(t, {cpu})
-        start = time.perf_counter()
-        for i in range(200):
+
+    def copies():
+        for i in range(50):
             dst.zero_()
             C.copy_bytes(dst, src, 2, 1 << 18)
             assert torch.equal(dst, src), f"run {i}"
-        assert time.perf_counter() - start < 20  # a stall would be a wait per run on the condvar
+
+    try:
+        for t in tids:
+            os.sched_setaffinity(t, {cpu})
+        in_thread(copies, timeout=300)  # started pinned, as the creating thread is; only a hang takes 300 s
     finally:
         for t, mask in before.items():
             try:

@@ -1,80 +1,104 @@
-"""StallMonitor verdicts on deliberately slow data / slow compute; tune_loader in its budget."""
-import gc
+"""StallMonitor verdicts on slow data / slow compute, and tune_loader's budget, decided on a
+virtual clock (tests/virtual_clock.py): the sleeps below move that clock and take no time, so a
+busy machine cannot turn "data-bound" into "compute-bound". What the monitor costs per step is a
+speed: benchmarks/bench_monitor.py."""
 import time
+import weakref
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastcollate
-from fastcollate.training import measure
+from fastcollate.training import loop, measure, monitor, tune
+from virtual_clock import VirtualClock
 
 
 class Slow(Dataset):
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
+    def __init__(self, n, delay, sleep=time.sleep):
+        self.n, self.delay, self.sleep = n, delay, sleep
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        time.sleep(self.delay)
+        self.sleep(self.delay)
         return {"x": torch.randn(8), "y": torch.randn(())}
 
 
-def _train(delay_data, delay_model):
+@pytest.fixture
+def clock(monkeypatch):
+    """The monitor's and the training loop's clock, moved only by clock.sleep."""
+    return VirtualClock().install(monkeypatch, monitor, loop)
+
+
+def _train(clock, delay_data, delay_model):
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(8, 1)
 
         def forward(self, x):
-            time.sleep(delay_model)
+            clock.sleep(delay_model)
             return self.lin(x).squeeze(1)
 
     model = M()
     mon = fastcollate.StallMonitor()
-    loader = DataLoader(Slow(64, delay_data), batch_size=8, collate_fn=fastcollate.collate)
+    loader = DataLoader(Slow(64, delay_data, clock.sleep), batch_size=8, collate_fn=fastcollate.collate)
     fastcollate.train_one_epoch(model, loader, torch.optim.SGD(model.parameters(), lr=0.01), monitor=mon,
                                 forward=lambda m, b: torch.nn.functional.mse_loss(m(b["x"]), b["y"]))
     return mon.report(), mon.summary()
 
 
-def test_slow_dataset_is_data_bound():
-    report, text = _train(delay_data=0.003, delay_model=0.0)
+def test_slow_dataset_is_data_bound(clock):
+    report, text = _train(clock, delay_data=0.003, delay_model=0.0)
     assert report["verdict"] == "data-bound", report
-    assert report["data_wait_fraction"] > 0.5 and report["steps"] == 8
+    assert report["steps"] == 8 and report["data_wait_s"] == pytest.approx(64 * 0.003)
+    assert report["data_wait_fraction"] == pytest.approx(1.0) and report["compute_s"] == pytest.approx(0.0)
     assert "num_workers" in text
 
 
-def test_slow_model_is_compute_bound():
-    # A full collection in a process that has run the whole suite can take a
-    # good part of the 8 steps' compute; collect first so the verdict is about
-    # the loop, not the test process's garbage (CI once saw 'data-bound' here).
-    gc.collect()
-    report, text = _train(delay_data=0.0, delay_model=0.05)
+def test_slow_model_is_compute_bound(clock):
+    # (on real clocks CI once saw 'data-bound' here: a garbage collection or a preemption
+    # during the fetch outweighed 8 steps of 50 ms)
+    report, text = _train(clock, delay_data=0.0, delay_model=0.05)
     assert report["verdict"] == "compute-bound", report
-    assert report["data_wait_fraction"] < 0.15
+    assert report["data_wait_fraction"] == pytest.approx(0.0) and report["compute_s"] == pytest.approx(8 * 0.05)
+    assert report["wall_s"] == pytest.approx(8 * 0.05)
     assert "compute-bound" in text
 
 
-def test_monitor_standalone_wrap_and_compute():
+def test_the_verdict_turns_where_the_wait_crosses_the_data_bound_fraction(clock):
+    # each step: 1 s of compute and a wait just under / just over DATA_BOUND_FRACTION of the wall
+    f = monitor.DATA_BOUND_FRACTION
+    for wait, want in ((0.9 * f / (1 - 0.9 * f), "compute-bound"), (1.1 * f / (1 - 1.1 * f), "data-bound")):
+        mon = fastcollate.StallMonitor()
+        for _ in mon.wrap(DataLoader(Slow(4, wait / 2, clock.sleep), batch_size=2)):
+            with mon.compute():
+                clock.sleep(1.0)
+        assert mon.report()["verdict"] == want, (wait, mon.report())
+
+
+def test_monitor_standalone_wrap_and_compute(clock):
     mon = fastcollate.StallMonitor()
-    for _ in mon.wrap(DataLoader(Slow(12, 0.004), batch_size=4)):
+    for _ in mon.wrap(DataLoader(Slow(12, 0.004, clock.sleep), batch_size=4)):
         with mon.compute():
-            pass
+            clock.sleep(0.001)
     r = mon.report()
-    assert r["steps"] == 3 and r["verdict"] == "data-bound" and r["wall_s"] >= r["data_wait_s"] > 0
+    assert r["steps"] == 3 and r["verdict"] == "data-bound"
+    assert r["data_wait_s"] == pytest.approx(3 * 0.016) and r["compute_s"] == pytest.approx(3 * 0.001)
+    assert r["wall_s"] == pytest.approx(3 * 0.017) and r["compute_source"] == "host clock"
 
 
-def test_monitor_overhead_is_small():
+def test_monitor_counts_every_step_of_a_long_loop(clock):
+    # what each step costs in real time is benchmarks/bench_monitor.py's business
     mon = fastcollate.StallMonitor()
-    t0 = time.perf_counter()
     for _ in mon.wrap(range(2000)):
         with mon.compute():
-            pass
-    per_step = (time.perf_counter() - t0) / 2000
-    assert per_step < 100e-6  # against steps of milliseconds: well under 1%
+            clock.sleep(0.002)
+    r = mon.report()
+    assert r["steps"] == 2000 and r["compute_s"] == pytest.approx(4.0) and r["data_wait_s"] == 0.0
+    assert r["verdict"] == "compute-bound"
 
 
 def test_distributed_report_without_a_process_group_is_local():
@@ -82,12 +106,39 @@ def test_distributed_report_without_a_process_group_is_local():
     assert "slowest_rank" not in mon.report(distributed=True)
 
 
-def test_tune_loader_measures_whole_epochs_of_every_loader_within_budget():
+def test_distributed_report_names_the_rank_that_waited_longest(clock, monkeypatch):
+    # the gathered waits are injected (the other ranks' numbers as all_gather would bring them):
+    # which rank is named follows from them alone. The multi-process tests (test_ddp.py,
+    # test_multinode.py) check the collective itself.
+    import torch.distributed as dist
+
+    others = {0: 0.5, 2: 3.25, 3: 0.75}  # this process is rank 1
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+
+    def all_gather(out, mine):
+        for r, t in enumerate(out):
+            t.copy_(mine if r == 1 else torch.tensor([others[r], 10.0], dtype=torch.float64))
+
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    mon = fastcollate.StallMonitor()
+    for _ in mon.wrap(DataLoader(Slow(8, 0.25, clock.sleep), batch_size=4)):  # 2 s of waiting
+        with mon.compute():
+            clock.sleep(1.0)
+    r = mon.report(distributed=True)
+    assert r["rank_wait_s"] == pytest.approx([0.5, 2.0, 3.25, 0.75]) and r["rank"] == 1
+    assert r["slowest_rank"] == 2 and r["straggler_cost_s"] == pytest.approx(3.25 - 0.5)
+    assert "slowest rank 2 waited 3.25s" in mon.format(r)
+
+
+def test_tune_loader_measures_whole_epochs_of_every_loader():
+    # real loaders, real runs: which settings are measured and how the choice follows from the
+    # rows; how long it took is not asserted (the budget's logic is the next test's, on a virtual clock)
     ds = Slow(256, 0.0003)
-    t0 = time.monotonic()
     res = fastcollate.tune_loader(ds, 16, budget_s=8, num_workers=[0, 1, 2], prefetch_factors=(2,), progress=False)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 8 + 4, elapsed  # at most one run past the budget
     rows = res.table
     assert {(r["num_workers"], r["loader"]) for r in rows} == {(w, k) for w in (0, 1, 2)
                                                                 for k in ("torch", "torch+fastcollate", "fastcollate")}
@@ -107,6 +158,31 @@ def test_tune_loader_measures_whole_epochs_of_every_loader_within_budget():
     batch = next(iter(res.loader(ds)))
     assert batch["y"].shape == (16,)
     assert "samples/s" in res.format() and "spread" in res.format()
+
+
+def test_tune_loader_starts_no_run_past_its_budget(monkeypatch):
+    # every run takes 1.5 s of a virtual clock: inside a budget of 8 s, runs start at 0, 1.5, ...,
+    # 7.5 and no later; the sweep ends one run past the budget at most, the rest of the grid
+    # unmeasured; the rates depend on the setting alone, so the choice is known too
+    clock = VirtualClock().install(monkeypatch, tune)
+    monkeypatch.setattr(tune, "usable_cores", lambda: 2)
+    start, run_s, budget = clock(), 1.5, 8.0
+    started = []
+
+    def run_epochs(make_loader, epochs, step=None, on_batch=None, min_s=measure.MIN_RUN_S):
+        loader = make_loader()  # made, never iterated: no worker starts
+        started.append(clock() - start)
+        clock.sleep(run_s)
+        rate = 1000.0 * (1 + loader.num_workers)
+        return measure.Run(int(rate * run_s), 16, run_s, [run_s] * epochs, 0.01)
+
+    monkeypatch.setattr(measure, "run_epochs", run_epochs)
+    res = fastcollate.tune_loader(Slow(256, 0.0), 16, budget_s=budget, num_workers=[0, 1, 2],
+                                  prefetch_factors=(2,), progress=False)
+    assert started == [0.0, 1.5, 3.0, 4.5, 6.0, 7.5] and all(t < budget for t in started)
+    assert clock() - start <= budget + run_s
+    assert [r["status"] for r in res.table].count("skipped (budget)") == 9 - len(started)
+    assert res.best["num_workers"] == 2 and res.rounds == 1 and "one round" in res.verdict()
 
 
 def test_tune_loader_never_calls_noise_a_win():
@@ -236,35 +312,21 @@ def test_tune_loader_bad_arguments():
         fastcollate.tune_loader([1], 1, num_workers=[10_000])
 
 
-def _wrapped(loader):
+def test_untraced_advice_leaves_out_what_the_loop_already_does(clock):
+    # data-bound either way; only what the loop does not do yet is advised
     mon = fastcollate.StallMonitor()
-    for _ in mon.wrap(loader):
+    for _ in mon.wrap(DataLoader(Slow(32, 0.003, clock.sleep), batch_size=8)):
         with mon.compute():
             pass
-    return mon.report()
-
-
-def test_untraced_advice_leaves_out_what_the_loop_already_does():
-    # data-bound either way; only what the loop does not do yet is advised
-    plain = _wrapped(DataLoader(Slow(32, 0.003), batch_size=8))
+    plain = mon.report()
     assert plain["verdict"] == "data-bound"
     assert any("fastcollate.collate" in a for a in plain["advice"])
-    ours = _wrapped(DataLoader(Slow(32, 0.003), batch_size=8, collate_fn=fastcollate.collate))
-    assert not any("fastcollate.collate" in a for a in ours["advice"]), ours["advice"]
-    ring = _wrapped(fastcollate.DataLoader(Slow(32, 0.003), batch_size=8, num_workers=1))
-    assert not any("fastcollate.collate" in a for a in ring["advice"]), ring["advice"]
-
-
-class _Images(Dataset):
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        time.sleep(0.003)
-        return torch.zeros(3, 8, 8, dtype=self.dtype)
+    # the advice reads the loader (the verdict above is what picks its list)
+    ours = DataLoader(Slow(32, 0.0), batch_size=8, collate_fn=fastcollate.collate)
+    ring = fastcollate.DataLoader(Slow(32, 0.0), batch_size=8, num_workers=1)
+    for loader in (ours, ring):
+        advice = monitor._advice("data-bound", weakref.ref(loader), None)
+        assert advice and not any("fastcollate.collate" in a for a in advice), advice
 
 
 def test_uint8_images_are_not_told_to_ship_uint8():
@@ -277,32 +339,38 @@ def test_uint8_images_are_not_told_to_ship_uint8():
     assert any("ship uint8" in a for a in _advice("copy-bound", None, {"float_images": True}))
 
 
-def test_traced_advice_is_only_what_the_numbers_say():
+def test_traced_advice_is_only_what_the_numbers_say(clock, monkeypatch):
+    from fastcollate import _trace
+
+    clock.install_now(monkeypatch, _trace)  # main-process loading: every span on the virtual clock
     mon = fastcollate.StallMonitor(trace=True)
     try:
-        for _ in mon.wrap(DataLoader(Slow(32, 0.003), batch_size=8)):
+        for _ in mon.wrap(DataLoader(Slow(32, 0.003, clock.sleep), batch_size=8)):
             with mon.compute():
                 pass
         r = mon.report()
     finally:
         mon.close()
-    assert r["bottleneck"] == "dataset"
+    assert r["bottleneck"] == "dataset" and r["stages"]["fetch"]["p50_ms"] == pytest.approx(24.0)
     assert r["advice"] == r["findings"]  # no fixed hint appended beside the computed ones
 
 
-def test_a_run_of_a_few_milliseconds_is_repeated_with_a_new_loader_until_it_is_long_enough():
+def test_a_run_of_a_few_milliseconds_is_repeated_with_a_new_loader_until_it_is_long_enough(monkeypatch):
+    clock = VirtualClock().install(monkeypatch, measure)
     made = []
 
     def make():
         made.append(1)
+        clock.sleep(0.01)  # each run: 10 ms
         return DataLoader(list(range(32)), batch_size=8)
 
-    run = measure.run_epochs(make, 2, min_s=0.05)
-    assert run.wall_s >= 0.05 and len(made) > 1
+    run = measure.run_epochs(make, 2, min_s=0.045)
+    assert len(made) == 5 and run.wall_s == pytest.approx(0.05)
     # every loader made ran its epochs whole: the samples and batches are all of theirs
     assert run.samples == 32 * 2 * len(made) and run.batches == 4 * 2 * len(made)
     assert len(run.epoch_s) == 2  # the first run's epochs, as one run would give them
     # a long run is run once
     made.clear()
-    slow = measure.run_epochs(lambda: (made.append(1), DataLoader(Slow(8, 0.01), batch_size=4))[1], 1, min_s=0.05)
-    assert len(made) == 1 and slow.samples == 8
+    slow = measure.run_epochs(lambda: (made.append(1), DataLoader(Slow(8, 0.01, clock.sleep), batch_size=4))[1], 1,
+                              min_s=0.05)
+    assert len(made) == 1 and slow.samples == 8 and slow.wall_s == pytest.approx(0.08)

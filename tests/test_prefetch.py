@@ -12,7 +12,7 @@ import fastcollate
 from fastcollate.device import prefetcher as prefetch_mod
 from fastcollate.device.pipeline import Producer, PipelineStats
 from fastcollate.device.transport import find_arena
-from helpers import assert_same
+from helpers import assert_same, wait_until
 
 
 class Squares(Dataset):
@@ -34,12 +34,14 @@ def _threads():
     return [t for t in threading.enumerate() if t.name.startswith("fastcollate-prefetch") and t.is_alive()]
 
 
-def _wait_no_threads(timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while _threads() and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.02)
-    return not _threads()
+def _wait_no_threads():
+    # up to 30 s (helpers.wait_until): a busy 2-core machine can take seconds to schedule a
+    # thread's last steps; returns as soon as the threads are gone
+    def gone():
+        gc.collect()  # an abandoned epoch's thread is stopped by its collection
+        return not _threads()
+
+    return wait_until(gone, poll=0.02)
 
 
 def loader(**kw):
@@ -183,8 +185,8 @@ def test_cpu_transform_applied():
 def test_pipeline_stops_a_blocked_producer():
     stats = PipelineStats()
     ep = Producer(iter(range(10**6)), lambda x: x, depth=1, stats=stats)
-    time.sleep(0.05)  # the producer fills the queue and blocks in put()
-    ep.close()
+    assert wait_until(ep._q.full)  # the producer fills the queue and blocks in put() (a fixed 50 ms
+    ep.close()  # of sleep is not always enough on a busy machine)
     assert not ep.alive
 
 
@@ -274,7 +276,7 @@ def test_what_the_producer_put_just_before_it_ended_is_still_delivered(monkeypat
 
     monkeypatch.setattr(pipeline, "_produce", produce_one)
     epoch = Producer(range(3), lambda x: x, 2, PipelineStats())
-    epoch._thread.join(5)
+    epoch._thread.join(30)
     assert _bounded(lambda: next(epoch)).get("value") == "last words"
     assert isinstance(_bounded(lambda: next(epoch)).get("error"), RuntimeError)
 

@@ -18,7 +18,7 @@ import fastcollate
 from fastcollate.device.pipeline import Producer, PipelineStats
 from fastcollate.loader.ring import Ring, RingCollator
 from fastcollate.device.transport import Delivered, HostHold
-from helpers import assert_same
+from helpers import assert_same, in_thread, wait_until
 
 
 class Copies:
@@ -275,6 +275,9 @@ def test_pipeline_shutdown_waits_for_the_copies_of_discarded_batches():
     epoch = Producer(range(100), stage, 3, PipelineStats())
     first = next(epoch)
     assert first.batch == 0
+    # the producer thread runs ahead on its own time: on a busy machine it may not have made a
+    # second batch yet when next() returns -- wait until the queue holds two
+    assert wait_until(lambda: epoch._q.qsize() >= 2)
     epoch.close()  # the queue still held prefetched batches whose copies were "running"
     del first
     gc.collect()
@@ -315,24 +318,6 @@ class CollectingFence(FakeFence):
         return self.done
 
 
-def _in_thread(fn, timeout=20.0):
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # pragma: no cover - reported below
-            box["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"deadlocked: still running after {timeout} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 def test_a_collection_inside_poll_that_frees_a_ring_batch_does_not_deadlock():
     copies = Copies()
     fences = []
@@ -350,11 +335,11 @@ def test_a_collection_inside_poll_that_frees_a_ring_batch_does_not_deadlock():
     cycle = [ring.lease(second, os.getpid(), 4096)]
     cycle.append(cycle)  # only the collector frees this batch: inside the fence's query()
     del cycle
-    _in_thread(ring.poll)  # collect -> the cycle's lease dies -> release() on the polling thread
+    in_thread(ring.poll)  # collect -> the cycle's lease dies -> release() on the polling thread
     assert len(fences) == 2 and ring.stats()["ring_slots_pending"] == 2
     for f in fences:
         f.done = True
-    _in_thread(ring.poll)
+    in_thread(ring.poll)
     assert ring.stats()["ring_slots_pending"] == 0 and sorted([ring.claim(), ring.claim()]) == [0, 1]
 
 
@@ -382,7 +367,7 @@ def test_a_collection_inside_drain_does_not_deadlock():
     cycle = [ring.lease(second, os.getpid(), 4096)]
     cycle.append(cycle)
     del cycle
-    _in_thread(ring.fences.drain)
+    in_thread(ring.fences.drain)
     assert len(ring.fences) == 0 and sorted([ring.claim(), ring.claim()]) == [0, 1]
 
 
