@@ -432,14 +432,56 @@ def test_default_max_bytes_is_half_the_available_memory():
     assert 0 < ds.max_bytes <= avail and ds.stats()["capacity"] == ds.max_bytes
 
 
+def _fake_cgroup(tmp_path, monkeypatch, files: dict[str, str], proc_cgroup: str = "0::/\n") -> None:
+    from fastcollate.data import cache_memory
+
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "proc_self_cgroup").write_text(proc_cgroup)
+    monkeypatch.setattr(cache_memory, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(cache_memory, "PROC_SELF_CGROUP", str(tmp_path / "proc_self_cgroup"))
+
+
+def _meminfo_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
 def test_cgroup_limit_bounds_the_available_memory(tmp_path, monkeypatch):
-    (tmp_path / "memory.max").write_text("1048576\n")
-    (tmp_path / "memory.current").write_text("524288\n")
-    real = cache_mod._read_int
-    monkeypatch.setattr(cache_mod, "_read_int",
-                        lambda p: real(str(tmp_path / os.path.basename(p))) if p.startswith("/sys/fs/cgroup/memory.")
-                        else real(p))
+    _fake_cgroup(tmp_path, monkeypatch, {"memory.max": "1048576\n", "memory.current": "524288\n"})
     assert cache_mod.memory_available() == 524288
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("version", ["v2", "v2 own group", "v1 total", "v1 unprefixed"])
+def test_a_cgroups_page_cache_is_not_counted_as_used(tmp_path, monkeypatch, version):
+    # a 16 GiB pod that read 14 GiB of files: 14.5 GiB "used", 14 GiB of it reclaimable page cache
+    limit, usage, active, inactive = 16 * GiB, 14 * GiB + GiB // 2, 6 * GiB, 8 * GiB
+    stat = f"anon {GiB // 2}\nfile {14 * GiB}\nactive_file {active}\ninactive_file {inactive}\nshmem 0\n"
+    if version == "v2":
+        files = {"memory.max": f"{limit}\n", "memory.current": f"{usage}\n", "memory.stat": stat}
+        proc = "0::/\n"
+    elif version == "v2 own group":
+        files = {"kubepods/pod1/memory.max": f"{limit}\n", "kubepods/pod1/memory.current": f"{usage}\n",
+                 "kubepods/pod1/memory.stat": stat}
+        proc = "0::/kubepods/pod1\n"
+    elif version == "v1 total":  # the group's own counts would say less: the hierarchical totals are used
+        stat = f"active_file 0\ninactive_file 0\ntotal_active_file {active}\ntotal_inactive_file {inactive}\n"
+        files = {"memory/memory.limit_in_bytes": f"{limit}\n", "memory/memory.usage_in_bytes": f"{usage}\n",
+                 "memory/memory.stat": stat}
+        proc = "4:memory:/\n"
+    else:
+        files = {"memory/pod/memory.limit_in_bytes": f"{limit}\n", "memory/pod/memory.usage_in_bytes": f"{usage}\n",
+                 "memory/pod/memory.stat": f"cache {14 * GiB}\nactive_file {active}\ninactive_file {inactive}\n"}
+        proc = "4:memory:/pod\n"
+    _fake_cgroup(tmp_path, monkeypatch, files, proc)
+    from fastcollate.data import cache_memory
+
+    assert cache_memory._cgroup_room() == limit - GiB // 2  # 15.5 GiB left, not 1.5
+    assert cache_mod.memory_available() == min(_meminfo_available(), limit - GiB // 2)
 
 
 def test_bad_arguments_are_refused_clearly():

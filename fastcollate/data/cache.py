@@ -34,8 +34,9 @@ uncached. ``__getitems__`` (batch fetching) is kept when the dataset has it: loo
 one ``dataset.__getitems__`` call for the misses.
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
-process when the cache is made: the smaller of the kernel's MemAvailable and what the memory
-cgroup's limit leaves) caps the data segment. An entry costs its sample's serialized size rounded
+process when the cache is made: fastcollate.data.cache_memory -- the smaller of the kernel's
+MemAvailable and what the memory cgroup's limit leaves, its page cache not counted as used) caps
+the data segment. An entry costs its sample's serialized size rounded
 up to 64 bytes; the index costs 24 bytes per sample of the dataset, touched as it fills. The first
 insert that finds no room makes the cache full: from then on nothing is inserted (counted in
 ``refused_full``), every published entry is still served, and the rest are misses. Nothing is
@@ -71,78 +72,13 @@ from .. import _ext
 from ..core.collator import disabled
 from ..core.shm import pid_alive, shared_segment
 from .cache_codec import Uncacheable, decode, encode
+from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
 
-__all__ = ["Cached", "default_max_bytes", "memory_available"]
+__all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION"]
 
 logger = logging.getLogger("fastcollate")
-DEFAULT_FRACTION = 0.5  # of the memory available when the cache is made
-_UNLIMITED = 1 << 60
 _CACHES: "weakref.WeakValueDictionary[str, Cached]" = weakref.WeakValueDictionary()
 _MISS = object()
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return _UNLIMITED
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _cgroup_room() -> int | None:
-    """What the memory cgroup's limit leaves (limit - usage), where a limit is set."""
-    candidates: list[tuple[str, str]] = [("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")]
-    try:  # the process's own group, where the hierarchy is visible (no cgroup namespace)
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if path not in ("", "/") and controllers == "":
-                    candidates.append((f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current"))
-                elif path not in ("", "/") and "memory" in controllers.split(","):
-                    base = f"/sys/fs/cgroup/memory{path}"
-                    candidates.append((f"{base}/memory.limit_in_bytes", f"{base}/memory.usage_in_bytes"))
-    except OSError:
-        pass
-    room = None
-    for limit_path, usage_path in candidates:
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
-        if limit is None or usage is None or limit >= _UNLIMITED:
-            continue
-        left = max(0, limit - usage)
-        room = left if room is None else min(room, left)
-    return room
-
-
-def memory_available() -> int:
-    """Bytes of memory this process can still use: the smaller of /proc/meminfo's MemAvailable and
-    what the memory cgroup's limit leaves (containers), where either is known."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    room = _cgroup_room()
-    known = [v for v in (avail, room) if v is not None]
-    if not known:  # pragma: no cover - not Linux
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-    return min(known)
-
-
-def default_max_bytes() -> int:
-    """Cached's default ``max_bytes``: ``DEFAULT_FRACTION`` (half) of :func:`memory_available`."""
-    return int(memory_available() * DEFAULT_FRACTION) // 64 * 64
 
 
 def _warn_once(cache: "Cached", key: str, msg: str) -> None:
