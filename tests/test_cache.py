@@ -233,6 +233,84 @@ def test_a_full_cache_keeps_serving_and_counts_misses():
     assert base.counts.tolist() == [1] * cached + [3] * (20 - cached)
 
 
+def test_one_sample_too_big_for_the_room_left_is_refused_alone(caplog):
+    items = [torch.zeros(100), torch.zeros(5000), torch.zeros(100), torch.ones(100)]  # 20 KB in a 4 KB cache
+    base = Listed(items)
+    ds = fastcollate.Cached(base, max_bytes=4096)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for _ in range(3):
+            for i in range(4):
+                assert_identical(ds[i], items[i])
+    s = ds.stats()
+    assert (s["inserts"], s["refused_full"], s["full"]) == (3, 1, False), s  # refused once, never serialized again
+    assert C.cache_state(ds.ctrl, 1) == C.cache_states["refused"]
+    assert base.counts.tolist() == [1, 3, 1, 1]
+    said = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(said) == 1 and "sample 1 (" in said[0] and "bytes left of max_bytes=4096" in said[0], said
+    assert "fetched from the dataset every time" in said[0] and "smaller samples are still inserted" in said[0]
+    size = said[0].split("sample 1 (")[1].split(" ")[0]
+    assert int(size) > 20000
+
+
+def test_a_first_sample_bigger_than_the_cache_does_not_end_inserts():
+    items = [torch.zeros(50_000)] + [torch.full((10,), float(i)) for i in range(1, 6)]
+    ds = fastcollate.Cached(Listed(items), max_bytes=65536)
+    for _ in range(2):
+        for i in range(6):
+            assert_identical(ds[i], items[i])
+    s = ds.stats()
+    assert (s["inserts"], s["hits"], s["refused_full"], s["full"]) == (5, 5, 1, False), s
+
+
+def test_the_cache_is_full_once_the_room_left_is_less_than_a_typical_sample(caplog):
+    items = [torch.full((256,), float(i)) for i in range(20)]  # ~1.2 KB entries
+    ds = fastcollate.Cached(Listed(items), max_bytes=5 * 1200)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for i in range(20):
+            ds[i]
+    s = ds.stats()
+    assert s["full"] and s["refused_full"] == 1
+    said = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    room = s["capacity"] - s["bytes"]
+    assert len(said) == 1 and f"sample {s['inserts']} (" in said[0], said
+    assert f"the {room} bytes left of max_bytes=6000" in said[0] and "the cache is full" in said[0]
+    assert "no more are inserted" in said[0]
+    # full: later claims are refused before anyone serializes
+    pid = os.getpid()
+    assert C.cache_claim(ds.ctrl, 19, pid).outcome == C.cache_claims["full"]
+
+
+def test_the_full_rule_in_the_engine():
+    ds = fastcollate.Cached(Listed([0] * 8), max_bytes=64 * 10)
+    pid = os.getpid()
+
+    def insert(i, nbytes):
+        assert C.cache_claim(ds.ctrl, i, pid).outcome == C.cache_claims["claimed"]
+        offset = C.cache_reserve(ds.ctrl, i, pid, nbytes)
+        if offset >= 0:
+            C.cache_publish(ds.ctrl, i, pid, offset, nbytes)
+        return offset
+
+    assert insert(0, 700) == -1 and not ds.stats()["full"]  # nothing published: refused alone
+    assert insert(1, 128) == 0 and insert(2, 128) == 128  # mean entry 128 bytes, 384 left
+    assert insert(3, 400) == -1 and not ds.stats()["full"]  # 384 left >= a typical 128
+    assert insert(4, 300) == 256  # 320 -> 64 left
+    assert insert(5, 100) == -1 and ds.stats()["full"]  # 64 left < the mean published entry (185 -> 192)
+    assert C.cache_claim(ds.ctrl, 6, pid).outcome == C.cache_claims["full"]
+    assert [C.cache_state(ds.ctrl, i) for i in (0, 3, 5)] == [C.cache_states["refused"]] * 3
+    assert ds.stats()["refused_full"] == 3
+
+
+def test_max_bytes_is_bounded_and_may_be_a_numpy_int():
+    for big in (2**70, cache_mod.MAX_BYTES + 1):
+        with pytest.raises(ValueError, match=r"at most MAX_BYTES = 2\*\*46"):
+            fastcollate.Cached([1], max_bytes=big)
+    for n in (np.int64(1 << 20), np.uint64(1 << 20), np.int32(4096)):
+        ds = fastcollate.Cached([torch.ones(3)], max_bytes=n)
+        assert type(ds.max_bytes) is int and ds.stats()["capacity"] == int(n)
+        assert ds[0] is not ds[0] and ds.stats()["hits"] == 1
+
+
 def test_max_bytes_zero_caches_nothing_and_works():
     ds = fastcollate.Cached(Listed([1, 2]), max_bytes=0)
     assert [ds[0], ds[1], ds[0]] == [1, 2, 1]
@@ -578,9 +656,10 @@ def test_the_engine_refuses_bad_calls_saying_what_it_got():
     assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["claimed"]
     with pytest.raises(RuntimeError, match="was not reserved"):
         C.cache_publish(ds.ctrl, 0, pid, 0, 10)
-    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: full, claim released
-    assert C.cache_state(ds.ctrl, 0) == 0 and ds.stats()["full"]
-    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["full"]
+    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: refused alone, never again
+    assert C.cache_state(ds.ctrl, 0) == C.cache_states["refused"] and not ds.stats()["full"]
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["skip"]
+    assert ds.stats()["refused_full"] == 1
 
 
 def test_the_docstrings_examples_run():

@@ -37,10 +37,12 @@ Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory avai
 process when the cache is made: fastcollate.data.cache_memory -- the smaller of the kernel's
 MemAvailable and what the memory cgroup's limit leaves, its page cache not counted as used) caps
 the data segment. An entry costs its sample's serialized size rounded
-up to 64 bytes; the index costs 24 bytes per sample of the dataset, touched as it fills. The first
-insert that finds no room makes the cache full: from then on nothing is inserted (counted in
-``refused_full``), every published entry is still served, and the rest are misses. Nothing is
-ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
+up to 64 bytes; the index costs 24 bytes per sample of the dataset, touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
+fetched from the dataset every time, and never serialized again) and smaller ones are still
+inserted; the cache becomes full when a refusal finds less room than a typical entry (the mean
+cached one): from then on nothing is inserted or even serialized, every published entry is still
+served, and the rest are misses. ``max_bytes`` is at most ``MAX_BYTES`` (2**46: the segment is
+mapped whole in every process). Nothing is ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
 the container's cgroup, not once per worker) and freed when the last process holding the cache
 lets it go. A writer that dies mid-insert leaves its entry to be reclaimed by the next process that
 finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated. (Should
@@ -71,12 +73,15 @@ from torch.utils.data import Dataset, IterableDataset
 from .. import _ext
 from ..core.collator import disabled
 from ..core.shm import pid_alive, shared_segment
-from .cache_codec import Uncacheable, decode, encode
+from .cache_codec import ALIGN, Uncacheable, decode, encode
 from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
 
-__all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION"]
+__all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION", "MAX_BYTES"]
 
 logger = logging.getLogger("fastcollate")
+# the most max_bytes may be: the data segment is mapped whole into every process that holds the
+# cache, and x86-64 gives a process 2**47 bytes of address space in all
+MAX_BYTES = 1 << 46
 _CACHES: "weakref.WeakValueDictionary[str, Cached]" = weakref.WeakValueDictionary()
 _MISS = object()
 
@@ -86,6 +91,16 @@ def _warn_once(cache: "Cached", key: str, msg: str) -> None:
     if key not in seen:
         seen.add(key)
         logger.warning(msg)
+
+
+def _check_max_bytes(max_bytes: Any) -> int:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
+        raise ValueError(f"fastcollate.Cached: max_bytes must be an int >= 0, got {max_bytes!r}")
+    if max_bytes > MAX_BYTES:
+        raise ValueError(f"fastcollate.Cached: max_bytes={int(max_bytes)} is more than a cache can map: at most "
+                         f"MAX_BYTES = 2**46 ({MAX_BYTES} bytes), as the data segment is mapped whole into every "
+                         "process that holds the cache")
+    return int(max_bytes)
 
 
 class Cached(Dataset):
@@ -98,8 +113,9 @@ class Cached(Dataset):
         transform: ``sample -> sample``, applied after the cache on every ``__getitem__`` (random
             augmentation stays random per epoch).
         max_bytes: the most bytes the cached samples may take (default
-            :func:`default_max_bytes`: half the memory available now); once full, nothing more
-            is inserted and the rest are fetched from ``dataset`` every time.
+            :func:`default_max_bytes`: half the memory available now; at most ``MAX_BYTES``); a
+            sample that does not fit the room left is fetched from ``dataset`` every time, and
+            once the room left is less than a typical sample nothing more is inserted.
 
     Works with torch's and fastcollate's DataLoader, any number of workers, persistent or not,
     fork, spawn or forkserver; ``stats()`` in the main process counts every worker. The module's
@@ -126,13 +142,9 @@ class Cached(Dataset):
                             f"sizes the cache's index") from exc
         if transform is not None and not callable(transform):
             raise TypeError(f"fastcollate.Cached: transform must be callable or None, got {type(transform).__name__}")
-        if max_bytes is None:
-            max_bytes = default_max_bytes()
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
-            raise ValueError(f"fastcollate.Cached: max_bytes must be an int >= 0, got {max_bytes!r}")
+        self.max_bytes = _check_max_bytes(default_max_bytes() if max_bytes is None else max_bytes)
         self.dataset = dataset
         self.transform = transform
-        self.max_bytes = int(max_bytes)
         self.id = uuid.uuid4().hex
         self.entries = int(n)
         self.ctrl: torch.Tensor | None = None
@@ -144,7 +156,11 @@ class Cached(Dataset):
             C = _ext._C
             index_bytes = C.cache_ctrl_words(self.entries) * 8
             self.ctrl = shared_segment(index_bytes, "fastcollate-cache-index").view(torch.int64)
-            self.data = shared_segment(self.max_bytes, "fastcollate-cache")
+            try:
+                self.data = shared_segment(self.max_bytes, "fastcollate-cache")
+            except RuntimeError as exc:
+                raise RuntimeError(f"fastcollate.Cached: could not map a data segment of max_bytes={self.max_bytes} "
+                                   f"bytes ({exc}); give a smaller max_bytes") from exc
             C.cache_init(self.ctrl, self.entries, self.max_bytes)
         _CACHES[self.id] = self
 
@@ -269,9 +285,8 @@ class Cached(Dataset):
             C.cache_release(self.ctrl, i, pid, 0)
             raise
         offset = C.cache_reserve(self.ctrl, i, pid, blob.nbytes)
-        if offset < 0:  # full: the claim is released, nothing more will be inserted
-            _warn_once(self, "full", f"fastcollate.Cached: full at {self.max_bytes} bytes (max_bytes); samples not "
-                                     "yet cached will be fetched from the dataset every time")
+        if offset < 0:  # refused for want of room: the entry is marked so, never tried again
+            self._warn_refused(i, blob.nbytes)
             return
         try:
             blob.write(self._segment()[0], offset)
@@ -280,6 +295,22 @@ class Cached(Dataset):
             raise
         C.cache_publish(self.ctrl, i, pid, offset, blob.nbytes)
         self._count("insert_ns", time.perf_counter_ns() - t0)
+
+    def _warn_refused(self, i: int, nbytes: int) -> None:
+        words = _ext._C.cache_words
+        header = self.ctrl[:words["header"]].tolist()
+        room, need = self.max_bytes - header[words["top"]], -(-nbytes // ALIGN) * ALIGN
+        said = (f"fastcollate.Cached: sample {i} ({nbytes} bytes serialized, {need} in the cache) does not fit the "
+                f"{room} bytes left of max_bytes={self.max_bytes}")
+        if header[words["full"]]:
+            inserts = max(1, header[words["inserts"]])
+            _warn_once(self, "full", f"{said}, less than a typical cached sample ({header[words['payload']] // inserts} "
+                                     "bytes): the cache is full. Cached samples are still served; no more are "
+                                     "inserted, and the others are fetched from the dataset every time")
+        else:
+            _warn_once(self, "refused", f"{said}: it is not cached and is fetched from the dataset every time; "
+                                        "smaller samples are still inserted (stats()['refused_full'] counts the "
+                                        "samples refused so)")
 
     def _get(self, index: Any) -> Any:
         i = self._index(index)
@@ -349,8 +380,6 @@ class Cached(Dataset):
         >>> e["cacheable"], e["bytes_per_sample"] > 4000
         (4, True)
         """
-        from .cache_codec import ALIGN
-
         samples = list(samples)
         cacheable = []
         for s in samples:
