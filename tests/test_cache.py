@@ -623,6 +623,23 @@ def test_128_mb_cached_with_an_8_mb_dev_shm(context):
     assert (hits, misses) == (128, 128) and nbytes > 128 << 20
 
 
+@pytest.mark.parametrize("strategy", ["file_system", "file_descriptor"])
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_any_sharing_strategy_shares_the_segments_themselves(strategy, context):
+    # torch's file_system strategy moved a storage it was asked to send into a /dev/shm file: a
+    # 64 MB copy ("No space left on device" under a small /dev/shm), and the main process's
+    # mapping freed under its numpy view (a segfault at its next read)
+    probe = os.path.join(ROOT, "tests", "shm_probe.py")
+    run = f"{sys.executable} {probe} cache-strategy-{strategy}-{context}"
+    cmd = ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {run}"] \
+        if _can_unshare() is None else run.split()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), (r.returncode, r.stdout + r.stderr[-2000:])
+    hits, misses, shm = map(int, r.stdout.split()[1:])
+    assert (hits, misses) == (1 + 2 + 32 + 32, 2 + 30) and shm < 1 << 20, r.stdout
+
+
 # ---- the engine's contract ------------------------------------------------------------------------
 
 def test_control_block_words_and_entries_are_named():

@@ -15,8 +15,10 @@ objects; anything else -> a miss, and the sample comes from the dataset. Nobody 
 anybody: an entry being written by another process is a miss for the reader. The protocol and
 the words live in C++ (csrc/engine/cache_state.h); the words are named in ``_C.cache_words``.
 
-Workers. Forked workers inherit the segments; spawn and forkserver workers receive them as file
-descriptors when the DataLoader sends them the dataset (``Cached.__reduce__``), so every worker,
+Workers. Forked workers inherit the segments; spawn and forkserver workers receive their memfds
+(fastcollate.core.shm.send_segment, whatever torch's sharing strategy: torch's ``file_system``
+one would copy a segment into /dev/shm and unmap it under the main process) when the DataLoader
+sends them the dataset (``Cached.__reduce__``), so every worker,
 persistent or not, shares one cache, and ``stats()`` in the main process counts them all. A
 plain pickle or deepcopy in a process that has the cache is that same cache; in another process
 (a framework that ships the dataset elsewhere) it becomes a new, empty cache over the unpickled
@@ -72,7 +74,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from .. import _ext
 from ..core.collator import disabled
-from ..core.shm import pid_alive, shared_segment
+from ..core.shm import pid_alive, send_segment, shared_segment
 from .cache_codec import ALIGN, Uncacheable, decode, encode
 from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
 
@@ -169,10 +171,12 @@ class Cached(Dataset):
         from multiprocessing import context
 
         if self.ctrl is not None and context.get_spawning_popen() is not None:
-            # a spawn/forkserver worker being started: the segments travel as torch shares them
-            # (file descriptors); a forked worker inherits them and pickles nothing
-            keys = ("dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data")
+            # a spawn/forkserver worker being started: the segments travel as their memfds, never
+            # through torch's sharing strategy (file_system would copy them into /dev/shm and unmap
+            # them under this process); a forked worker inherits them and pickles nothing
+            keys = ("dataset", "transform", "max_bytes", "id", "entries")
             state = {k: self.__dict__[k] for k in keys}
+            state["ctrl"], state["data"] = send_segment(self.ctrl), send_segment(self.data)
             return (_worker_cache, (state,))
         # a plain copy (pickle, deepcopy) is the same cache where it exists: never a copy of it
         return (_same_cache, (self.id, self.dataset, self.transform, self.max_bytes))
