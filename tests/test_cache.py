@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 import fastcollate
 from fastcollate import _ext
 from fastcollate.data import cache as cache_mod
-from helpers import assert_identical
+from helpers import assert_identical, assert_same
 
 C = _ext._C
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -344,18 +344,67 @@ def test_getitems_fetches_only_the_misses_in_one_call():
     assert base.calls[2:] == [[6, 7]] and torch.equal(batches[1][:, 0], torch.tensor([8.0, 10, 12, 14]))
 
 
-def test_only_python_int_indices_in_range_are_cached():
-    class Keyed(Dataset):
-        def __len__(self):
-            return 2
+class Keyed(Dataset):
+    """Records the key it was called with; sample k for an integer-valued key, repr(key) otherwise."""
 
-        def __getitem__(self, key):
+    def __init__(self, n=4):
+        self.n, self.keys = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        self.keys.append(key)
+        try:
+            return torch.full((2,), float(int(key)))
+        except (TypeError, ValueError):
             return repr(key)
 
-    ds = fastcollate.Cached(Keyed(), max_bytes=1 << 20)
-    keys = [np.int64(1), True, -1, "k", 5, 1, 1]
-    assert [ds[k] for k in keys] == [Keyed()[k] for k in keys]
-    assert ds.stats()["inserts"] == 1 and ds.stats()["hits"] == 1
+
+def test_integer_indices_are_cached_under_their_int_value():
+    base = Keyed()
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    first = ds[np.int64(1)]
+    assert type(base.keys[0]) is np.int64  # a miss calls the dataset with the index it was given
+    for k in [1, np.int32(1), np.uint8(1), torch.tensor(1), torch.tensor(1, dtype=torch.int16)]:
+        assert_identical(ds[k], first)
+    ds[torch.tensor(2, dtype=torch.uint8)]
+    assert ds.stats()["inserts"] == 2 and ds.stats()["hits"] == 5 and len(base.keys) == 2
+    # never cached: bools, floats, negative or out of range, not 0-dim, timedelta, strings
+    odd = [True, np.bool_(True), torch.tensor(True), 1.0, np.float64(1.0), torch.tensor(1.0), -1, np.int64(-1),
+           5, np.int64(9), torch.tensor([1]), np.timedelta64(1), "k"]
+    for _ in range(2):
+        for k in odd:
+            got = ds[k]
+            assert base.keys[-1] is k  # went to the dataset, with the key itself
+            want = base[k]
+            if isinstance(want, torch.Tensor):
+                assert_identical(got, want)
+            else:
+                assert got == want
+    assert ds.stats()["inserts"] == 2 and ds.stats()["hits"] == 5
+
+
+@pytest.mark.parametrize("how", ["SubsetRandomSampler(ndarray)", "SubsetRandomSampler(tensor)", "Subset(ndarray)",
+                                 "Subset(ndarray)+__getitems__"])
+def test_samplers_and_subsets_that_give_numpy_or_tensor_indices_are_cached(how):
+    from torch.utils.data import Subset, SubsetRandomSampler
+
+    items = [torch.full((3,), float(i)) for i in range(12)]
+    base = Batched(items) if how.endswith("__getitems__") else Listed(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    picked = np.arange(2, 10)
+    if how.startswith("SubsetRandomSampler"):
+        sampler = SubsetRandomSampler(picked if "ndarray" in how else torch.from_numpy(picked))
+        loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    else:
+        loader = DataLoader(Subset(ds, picked), batch_size=4, shuffle=True)
+    for _ in range(3):
+        rows = torch.cat(list(loader))
+        assert sorted(rows[:, 0].tolist()) == [float(i) for i in picked]
+    s = ds.stats()
+    assert (s["inserts"], s["hits"]) == (8, 16), s
+    assert base.counts.tolist() == [0, 0] + [1] * 8 + [0, 0]
 
 
 def test_a_failing_fetch_leaves_the_entry_free():
@@ -376,6 +425,99 @@ def test_a_failing_fetch_leaves_the_entry_free():
         ds[0]
     assert C.cache_state(ds.ctrl, 0) == 0
     assert [ds[0], ds[0]] == ["ok", "ok"] and ds.stats()["hits"] == 1
+
+
+class Interrupting:
+    """A sample whose serialization is cut short by Ctrl-C."""
+
+    def __reduce__(self):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_a_batched_insert_releases_every_claim():
+    items = [torch.ones(2), Interrupting(), torch.ones(3), torch.ones(4)]
+    base = Batched(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    with pytest.raises(KeyboardInterrupt):
+        ds.__getitems__([0, 1, 2, 3])
+    assert [C.cache_state(ds.ctrl, i) for i in range(4)] == [C.cache_states["ready"], 0, 0, 0]
+    base.items[1] = torch.ones(5)
+    ds.__getitems__([0, 1, 2, 3])
+    assert ds.stats()["inserts"] == 4 and base.calls[-1] == [1, 2, 3]
+
+
+class DictBatches(Listed):
+    """__getitems__ returns the batch itself: a dict of 2 keys (a batch of 2 has as many)."""
+
+    def __getitems__(self, indices):
+        return {"x": torch.stack([self[i] for i in indices]), "index": torch.tensor(indices)}
+
+
+class TensorBatches(Listed):
+    def __getitems__(self, indices):
+        return torch.stack([self[i] for i in indices])
+
+
+class WrongLength(Listed):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices][:-1]
+
+
+@pytest.mark.parametrize("kind", [DictBatches, TensorBatches, WrongLength])
+def test_a_getitems_that_returns_a_batch_is_passed_through_never_cached(kind, caplog):
+    items = [torch.full((3,), float(i)) for i in range(8)]
+    ds = fastcollate.Cached(kind(items), max_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for _ in range(2):
+            for start in range(0, 8, 2):
+                got = ds.__getitems__([start, start + 1])
+                want = kind(items).__getitems__([start, start + 1])
+                assert type(got) is type(want)
+                assert_same(got, want, contiguous=True)
+        ds[5], ds[5]  # a single sample is still cached
+    s = ds.stats()
+    assert (s["inserts"], s["hits"]) == (1, 1), s
+    said = [r.getMessage() for r in caplog.records if "returns a batch" in r.getMessage()]
+    assert len(said) == 1 and f"{kind.__name__}.__getitems__" in said[0] and "nothing is cached" in said[0]
+    # through torch's DataLoader: what the collate_fn gets is what it would get from the dataset
+    got = list(DataLoader(ds, batch_size=2, collate_fn=lambda b: b))
+    want = list(DataLoader(kind(items), batch_size=2, collate_fn=lambda b: b))
+    assert_same(got, want)
+    with pytest.raises(TypeError, match=f"{kind.__name__}.__getitems__ returned a batch .* transform= applies to one"):
+        fastcollate.Cached(kind(items), transform=lambda x: x, max_bytes=1 << 20).__getitems__([0, 1])
+
+
+def test_a_batch_after_samples_were_cached_is_the_whole_batch_from_the_dataset():
+    class Switches(Listed):
+        batches = False
+
+        def __getitems__(self, indices):
+            samples = [self[i] for i in indices]
+            return {"x": torch.stack(samples)} if self.batches else samples
+
+    items = [torch.full((2,), float(i)) for i in range(4)]
+    base = Switches(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    ds.__getitems__([0, 1])
+    base.batches = True
+    got = ds.__getitems__([1, 2])  # 1 is a hit, 2 a miss: the batch is the dataset's, whole
+    assert_same(got, {"x": torch.stack([items[1], items[2]])})
+    assert C.cache_state(ds.ctrl, 2) == 0 and ds.stats()["inserts"] == 2
+
+
+class TupleSamples(Listed):
+    def __getitems__(self, indices):
+        return tuple(self[i] for i in indices)
+
+
+def test_a_tuple_of_samples_is_cached():
+    items = [torch.full((2,), float(i)) for i in range(4)]
+    ds = fastcollate.Cached(TupleSamples(items), max_bytes=1 << 20)
+    for _ in range(2):
+        got = ds.__getitems__([0, 1, 2])
+        for g, i in zip(got, [0, 1, 2]):
+            assert_identical(g, items[i])
+    assert ds.stats()["inserts"] == 3 and ds.stats()["hits"] == 3
 
 
 def _dead_pid() -> int:

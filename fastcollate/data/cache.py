@@ -30,10 +30,16 @@ comes back how, and what is refused). A sample that cannot be stored exactly is 
 is fetched from the dataset every time (counted in ``uncacheable``). Cached caches *whatever the
 first fetch returned*: wrap only a deterministic dataset (one whose ``dataset[i]`` is the same
 every time) and put random augmentation in ``transform``, which runs on every ``__getitem__``
-after the cache, hit or miss, so it stays random per epoch. Only Python ``int`` indices in
-``[0, len(dataset))`` are cached (what torch's samplers give); any other key goes to the dataset
-uncached. ``__getitems__`` (batch fetching) is kept when the dataset has it: lookups per index,
-one ``dataset.__getitems__`` call for the misses.
+after the cache, hit or miss, so it stays random per epoch. Integer indices in ``[0,
+len(dataset))`` are cached -- a Python ``int``, a numpy integer (``SubsetRandomSampler`` over an
+array, ``Subset`` with numpy indices) or a 0-dim integer CPU tensor (a sampler over a tensor) --
+under their int value; the dataset is still called with the index it was given. Any other key
+(bool, float, negative, a slice, a string) goes to the dataset uncached. ``__getitems__`` (batch
+fetching) is kept when the dataset has it: lookups per index, one ``dataset.__getitems__`` call
+for the misses. Where that call returns a batch (a dict, a tensor: anything but a list or tuple
+of one sample per index), nothing is cached from it: the dataset's batch is passed through as
+torch would pass it to the collate_fn (said once; a ``transform``, which applies to one sample,
+is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
 process when the cache is made: fastcollate.data.cache_memory -- the smaller of the kernel's
@@ -46,7 +52,8 @@ cached one): from then on nothing is inserted or even serialized, every publishe
 served, and the rest are misses. ``max_bytes`` is at most ``MAX_BYTES`` (2**46: the segment is
 mapped whole in every process). Nothing is ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
 the container's cgroup, not once per worker) and freed when the last process holding the cache
-lets it go. A writer that dies mid-insert leaves its entry to be reclaimed by the next process that
+lets it go. A writer that dies mid-insert (or is interrupted: every claim a fetch holds is
+released on any exception) leaves its entry to be reclaimed by the next process that
 finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated. (Should
 the kernel give that pid to a new process first, the entry stays a miss until that one ends.)
 
@@ -86,6 +93,7 @@ logger = logging.getLogger("fastcollate")
 MAX_BYTES = 1 << 46
 _CACHES: "weakref.WeakValueDictionary[str, Cached]" = weakref.WeakValueDictionary()
 _MISS = object()
+_LOCAL = ("_seg", "_warned", "_batches")  # this process's own notes about a cache, never copied or sent
 
 
 def _warn_once(cache: "Cached", key: str, msg: str) -> None:
@@ -93,6 +101,24 @@ def _warn_once(cache: "Cached", key: str, msg: str) -> None:
     if key not in seen:
         seen.add(key)
         logger.warning(msg)
+
+
+def _entry_of(index: Any) -> int | None:
+    """The int an index is cached under: a Python int, a numpy integer, a 0-dim integer CPU
+    tensor (never a bool, a float or a timedelta); None for any other key."""
+    if type(index) is int:
+        return index
+    if isinstance(index, np.integer) and not isinstance(index, np.timedelta64):
+        return int(index)
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and index.device.type == "cpu" and \
+            index.dtype != torch.bool and not index.is_floating_point() and not index.is_complex():
+        return int(index)
+    return None
+
+
+def _is_samples(got: Any, n: int) -> bool:
+    """Whether a ``__getitems__`` result is n samples (a list or tuple of them), not a batch."""
+    return type(got) in (list, tuple) and len(got) == n
 
 
 def _check_max_bytes(max_bytes: Any) -> int:
@@ -193,7 +219,7 @@ class Cached(Dataset):
         return sample if self.transform is None else self._transform(sample)
 
     @property
-    def __getitems__(self) -> Callable[[Sequence[Any]], list[Any]]:
+    def __getitems__(self) -> Callable[[Sequence[Any]], Any]:
         # torch's fetcher calls dataset.__getitems__(indices) when the dataset has one: so does this
         # wrapper, exactly when the wrapped dataset has one
         if getattr(self.dataset, "__getitems__", None) is None:
@@ -216,9 +242,8 @@ class Cached(Dataset):
 
     def _index(self, index: Any) -> int:
         """The entry of ``index``, or -1 for a key that is not cached."""
-        if type(index) is int and 0 <= index < self.entries and self._active():
-            return index
-        return -1
+        i = _entry_of(index)
+        return i if i is not None and 0 <= i < self.entries and self._active() else -1
 
     def _segment(self) -> tuple[np.ndarray, memoryview]:
         seg = self.__dict__.get("_seg")
@@ -247,33 +272,33 @@ class Cached(Dataset):
             claim = C.cache_claim(self.ctrl, i, pid)
         return claim.outcome == C.cache_claims["claimed"]
 
-    def _fetch(self, indices: list[Any], entries: list[int], batched: bool = False) -> list[Any]:
+    def _fetch(self, indices: list[Any], entries: list[int], batched: bool = False) -> Any:
         """The dataset's samples for indices (``batched``: one ``__getitems__`` call, else
-        ``dataset[index]``), each inserted whose entry this process could claim."""
+        ``dataset[index]``), each inserted whose entry this process could claim; or, when
+        ``__getitems__`` returned a batch rather than samples, that batch in a _Batch."""
         pid = os.getpid()
-        claimed = [i >= 0 and self._claim(i, pid) for i in entries]
-        t0 = time.perf_counter_ns()
+        held: dict[int, int] = {}  # position -> entry this call claimed and has not yet published or given up
         try:
-            if not batched:
-                samples = [self.dataset[index] for index in indices]
-            else:
-                samples = list(self.dataset.__getitems__(indices))
-                if len(samples) != len(indices):
-                    raise ValueError(f"fastcollate.Cached: {type(self.dataset).__name__}.__getitems__ returned "
-                                     f"{len(samples)} samples for {len(indices)} indices")
-        except BaseException:
-            for i, c in zip(entries, claimed):
-                if c:
-                    _ext._C.cache_release(self.ctrl, i, pid, 0)
-            raise
-        self._count("misses", len(indices))
-        self._count("fetch_ns", time.perf_counter_ns() - t0)
-        for i, c, sample in zip(entries, claimed, samples):
-            if c:
-                self._insert(i, pid, sample)
-        return samples
+            for p, i in enumerate(entries):
+                if i >= 0 and self._claim(i, pid):
+                    held[p] = i
+            t0 = time.perf_counter_ns()
+            got = self.dataset.__getitems__(indices) if batched else [self.dataset[index] for index in indices]
+            self._count("misses", len(indices))
+            self._count("fetch_ns", time.perf_counter_ns() - t0)
+            if not _is_samples(got, len(indices)):
+                return _Batch(got)  # nothing is cached from a batch
+            for p in list(held):
+                self._insert(held[p], pid, got[p])
+                del held[p]
+            return got
+        finally:  # an exception (a failed fetch, Ctrl-C mid-insert): no entry stays claimed
+            for i in held.values():
+                _ext._C.cache_release(self.ctrl, i, pid, 0)
 
     def _insert(self, i: int, pid: int, sample: Any) -> None:
+        """Publishes sample as entry i (held by pid), or gives the entry up: uncacheable, or refused
+        for want of room. On an exception the caller releases the claim."""
         C = _ext._C
         t0 = time.perf_counter_ns()
         try:
@@ -285,18 +310,11 @@ class Cached(Dataset):
                        f"fastcollate.Cached: sample {i} is not cached ({why}); it is fetched from the dataset every "
                        "time")
             return
-        except BaseException:
-            C.cache_release(self.ctrl, i, pid, 0)
-            raise
         offset = C.cache_reserve(self.ctrl, i, pid, blob.nbytes)
         if offset < 0:  # refused for want of room: the entry is marked so, never tried again
             self._warn_refused(i, blob.nbytes)
             return
-        try:
-            blob.write(self._segment()[0], offset)
-        except BaseException:
-            C.cache_release(self.ctrl, i, pid, 0)
-            raise
+        blob.write(self._segment()[0], offset)
         C.cache_publish(self.ctrl, i, pid, offset, blob.nbytes)
         self._count("insert_ns", time.perf_counter_ns() - t0)
 
@@ -322,26 +340,45 @@ class Cached(Dataset):
             sample = self._read(i)
             if sample is not _MISS:
                 return sample
-        elif self.ctrl is None or disabled():
+        elif not self._active():
             return self.dataset[index]
         return self._fetch([index], [i])[0]
 
-    def _getitems(self, indices: Sequence[Any]) -> list[Any]:
-        indices = list(indices)
-        out: list[Any] = [_MISS] * len(indices)
-        entries = [self._index(index) for index in indices]
+    def _getitems(self, indices: Sequence[Any]) -> Any:
+        if not self._active() or self.__dict__.get("_batches"):  # passed through
+            got = self.dataset.__getitems__(indices)
+            return self._batch(got) if not _is_samples(got, len(indices)) else self._transformed(list(got))
+        keys = list(indices)
+        out: list[Any] = [_MISS] * len(keys)
+        entries = [self._index(k) for k in keys]
         for p, i in enumerate(entries):
             if i >= 0:
                 out[p] = self._read(i)
         missing = [p for p, s in enumerate(out) if s is _MISS]
         if missing:
-            if self.ctrl is None or disabled():
-                fetched = list(self.dataset.__getitems__([indices[p] for p in missing]))
-            else:
-                fetched = self._fetch([indices[p] for p in missing], [entries[p] for p in missing], batched=True)
+            fetched = self._fetch([keys[p] for p in missing], [entries[p] for p in missing], batched=True)
+            if isinstance(fetched, _Batch):  # the dataset returns batches: never cached, passed through
+                self.__dict__["_batches"] = True
+                return self._batch(fetched.batch if len(missing) == len(keys) else self.dataset.__getitems__(indices))
             for p, sample in zip(missing, fetched):
                 out[p] = sample
-        return out if self.transform is None else [self._transform(s) for s in out]
+        return self._transformed(out)
+
+    def _transformed(self, samples: list[Any]) -> list[Any]:
+        return samples if self.transform is None else [self._transform(s) for s in samples]
+
+    def _batch(self, batch: Any) -> Any:
+        """A batch the dataset's ``__getitems__`` returned (not a list of samples), as torch would
+        hand it to the collate_fn; a per-sample transform cannot apply to it."""
+        name = type(self.dataset).__name__
+        if self.transform is not None:
+            raise TypeError(f"fastcollate.Cached: {name}.__getitems__ returned a batch ({type(batch).__name__}), not "
+                            f"a list of samples, and transform= applies to one sample; apply it in the dataset or "
+                            "the collate_fn, or wrap a dataset whose __getitems__ returns a list of samples")
+        _warn_once(self, "batches", f"fastcollate.Cached: {name}.__getitems__ returns a batch "
+                                    f"({type(batch).__name__}), not a list of samples: its batches are passed "
+                                    "through as they are and nothing is cached from them")
+        return batch
 
     # -- measuring
     def stats(self) -> dict[str, Any]:
@@ -413,6 +450,15 @@ class Cached(Dataset):
         return {"samples": len(samples), "cacheable": len(cacheable), "bytes_per_sample": nbytes / k,
                 "write_s_per_sample": statistics.median(writes) / k,
                 "read_s_per_sample": statistics.median(reads) / k}
+
+
+class _Batch:
+    """What _fetch returns when the dataset's ``__getitems__`` gave a batch, not samples."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
 
 
 def _worker_cache(state: dict[str, Any]) -> Cached:
