@@ -11,18 +11,29 @@ per index (state, offset, length) -- and a data segment of ``max_bytes``. The fi
 room with the shared bump allocator, writes, and publishes the entry (release ordering: the bytes
 are visible to whoever sees the entry published). Afterwards any process reads it: a lookup is
 one atomic load (acquire); published -> the sample is rebuilt from the shared bytes as new
-objects; anything else -> a miss, and the sample comes from the dataset. Nobody ever waits for
-anybody: an entry being written by another process is a miss for the reader. The protocol and
-the words live in C++ (csrc/engine/cache_state.h); the words are named in ``_C.cache_words``.
+objects (nothing that comes back is a view of the cache); anything else -> a miss, and the
+sample comes from the dataset. Nobody ever waits for anybody: an entry being written by another
+process is a miss for the reader. The protocol and the words live in C++
+(csrc/engine/cache_state.h); the words are named in ``_C.cache_words``.
 
 Workers. Forked workers inherit the segments; spawn and forkserver workers receive their memfds
 (fastcollate.core.shm.send_segment, whatever torch's sharing strategy: torch's ``file_system``
 one would copy a segment into /dev/shm and unmap it under the main process) when the DataLoader
-sends them the dataset (``Cached.__reduce__``), so every worker,
-persistent or not, shares one cache, and ``stats()`` in the main process counts them all. A
-plain pickle or deepcopy in a process that has the cache is that same cache; in another process
-(a framework that ships the dataset elsewhere) it becomes a new, empty cache over the unpickled
-dataset.
+sends them the dataset (``Cached.__reduce__``), so every worker, persistent or not, shares one
+cache, and ``stats()`` in the main process counts them all. A plain pickle in a process that has
+the cache is that same wrapper; in another process (a framework that ships the dataset
+elsewhere) it becomes a new, empty cache over the unpickled dataset.
+
+A transparent wrapper (fastcollate.data.wrapper). Attributes Cached does not own are the
+dataset's: ``ds.classes`` reads ``ds.dataset.classes``, ``ds.set_epoch(e)`` calls the dataset's,
+and ``ds.rng = ...`` (a ``worker_init_fn`` on ``get_worker_info().dataset``) sets it on the
+dataset. Cached owns ``dataset``, ``transform``, ``max_bytes`` and its cache's handles. A change
+made in the main process reaches workers exactly when torch would send it: workers started after
+it (non-persistent ones, each epoch) see it; persistent workers keep the dataset they started
+with. ``copy.copy`` is a new wrapper over the same dataset object and the same cache (set its
+``transform`` freely); ``copy.deepcopy`` copies the dataset and the transform and makes a new,
+empty cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split = "val"``),
+so it must not be served the original's samples.
 
 Exact. A cached sample equals the one the dataset returned the first time: types, dtypes, shapes,
 strides, requires_grad, bytes, and Python objects as pickle gives them (cache_codec lists what
@@ -42,20 +53,20 @@ torch would pass it to the collate_fn (said once; a ``transform``, which applies
 is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
-process when the cache is made: fastcollate.data.cache_memory -- the smaller of the kernel's
-MemAvailable and what the memory cgroup's limit leaves, its page cache not counted as used) caps
-the data segment. An entry costs its sample's serialized size rounded
-up to 64 bytes; the index costs 24 bytes per sample of the dataset, touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
+process when the cache is made: fastcollate.data.cache_memory) caps the data segment, at most
+``MAX_BYTES`` (2**46: the segment is mapped whole in every process). An entry costs its sample's
+serialized size rounded up to 64 bytes; the index costs 24 bytes per sample of the dataset,
+touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
 fetched from the dataset every time, and never serialized again) and smaller ones are still
 inserted; the cache becomes full when a refusal finds less room than a typical entry (the mean
 cached one): from then on nothing is inserted or even serialized, every published entry is still
-served, and the rest are misses. ``max_bytes`` is at most ``MAX_BYTES`` (2**46: the segment is
-mapped whole in every process). Nothing is ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
-the container's cgroup, not once per worker) and freed when the last process holding the cache
-lets it go. A writer that dies mid-insert (or is interrupted: every claim a fetch holds is
-released on any exception) leaves its entry to be reclaimed by the next process that
-finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated. (Should
-the kernel give that pid to a new process first, the entry stays a miss until that one ends.)
+served, and the rest are misses. Nothing is ever evicted, so no reader can see its bytes change.
+The memory is shared (shmem, charged once to the container's cgroup, not once per worker) and
+freed when the last process holding the cache lets it go. A writer that dies mid-insert (or is
+interrupted: every claim a fetch holds is released on any exception) leaves its entry to be
+reclaimed by the next process that finds its pid gone (counted in ``reclaimed``); the bytes it
+had reserved stay allocated. (Should the kernel give that pid to a new process first, the entry
+stays a miss until that one ends.)
 
 Time. ``stats()`` also gives the time spent in hits (``hit_s``: reading and rebuilding), in the
 dataset on misses (``fetch_s``), in inserts (``insert_s``) and in ``transform`` (``transform_s``),
@@ -67,6 +78,7 @@ to the dataset and caches nothing.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import statistics
@@ -84,6 +96,7 @@ from ..core.collator import disabled
 from ..core.shm import pid_alive, send_segment, shared_segment
 from .cache_codec import ALIGN, Uncacheable, decode, encode
 from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
+from .wrapper import DatasetWrapper
 
 __all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION", "MAX_BYTES"]
 
@@ -131,7 +144,7 @@ def _check_max_bytes(max_bytes: Any) -> int:
     return int(max_bytes)
 
 
-class Cached(Dataset):
+class Cached(DatasetWrapper, Dataset):
     """``dataset`` with a shared-memory sample cache that DataLoader workers fill in the first
     epoch and all read afterwards; ``transform`` runs after the cache, on every fetch.
 
@@ -146,8 +159,12 @@ class Cached(Dataset):
             once the room left is less than a typical sample nothing more is inserted.
 
     Works with torch's and fastcollate's DataLoader, any number of workers, persistent or not,
-    fork, spawn or forkserver; ``stats()`` in the main process counts every worker. The module's
-    docstring (fastcollate.data.cache) says how, and what it costs.
+    fork, spawn or forkserver, either sharing strategy; ``stats()`` in the main process counts
+    every worker. A transparent wrapper: attributes it does not own (anything but ``dataset``,
+    ``transform``, ``max_bytes`` and the cache's handles) are read from and set on ``dataset``.
+    ``copy.copy`` shares the dataset and the cache; ``copy.deepcopy`` copies the dataset and
+    makes a new, empty cache. The module's docstring (fastcollate.data.cache) says how, and what
+    it costs.
 
     >>> import torch, fastcollate
     >>> base = [torch.arange(3) * i for i in range(8)]
@@ -158,13 +175,16 @@ class Cached(Dataset):
     (1, 1, 1)
     """
 
+    # the wrapper's own attributes (fastcollate.data.wrapper): every other one is the dataset's
+    _own_attributes = frozenset({"dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data", *_LOCAL})
+
     def __init__(self, dataset: Any, transform: Callable[[Any], Any] | None = None,
                  max_bytes: int | None = None) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError("fastcollate.Cached: an IterableDataset has no indices to cache by; wrap a map-style "
                             "dataset (one with __getitem__ and __len__)")
         try:
-            n = len(dataset)
+            len(dataset)
         except TypeError as exc:
             raise TypeError(f"fastcollate.Cached: the dataset ({type(dataset).__name__}) has no len(), which "
                             f"sizes the cache's index") from exc
@@ -173,8 +193,12 @@ class Cached(Dataset):
         self.max_bytes = _check_max_bytes(default_max_bytes() if max_bytes is None else max_bytes)
         self.dataset = dataset
         self.transform = transform
+        self._open()
+
+    def _open(self) -> None:
+        """Makes this wrapper's cache: new, empty segments for len(dataset) entries and max_bytes."""
         self.id = uuid.uuid4().hex
-        self.entries = int(n)
+        self.entries = int(len(self.dataset))
         self.ctrl: torch.Tensor | None = None
         self.data: torch.Tensor | None = None
         if _ext._C is None:
@@ -182,8 +206,7 @@ class Cached(Dataset):
                            "sample comes from the dataset", _ext.LOAD_ERROR)
         else:
             C = _ext._C
-            index_bytes = C.cache_ctrl_words(self.entries) * 8
-            self.ctrl = shared_segment(index_bytes, "fastcollate-cache-index").view(torch.int64)
+            self.ctrl = shared_segment(C.cache_ctrl_words(self.entries) * 8, "fastcollate-cache-index").view(torch.int64)
             try:
                 self.data = shared_segment(self.max_bytes, "fastcollate-cache")
             except RuntimeError as exc:
@@ -192,19 +215,36 @@ class Cached(Dataset):
             C.cache_init(self.ctrl, self.entries, self.max_bytes)
         _CACHES[self.id] = self
 
-    # -- sharing with workers
+    # -- copies and sharing with workers
+    def __copy__(self) -> "Cached":
+        # a new wrapper (its own transform, its own id) over the same dataset object and the same cache
+        new = type(self).__new__(type(self))
+        new.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in ("_warned", "_batches"))
+        new.__dict__["id"] = uuid.uuid4().hex
+        _CACHES[new.id] = new
+        return new
+
+    def __deepcopy__(self, memo: dict) -> "Cached":
+        # the dataset and the transform copied, and a new, empty cache: the copy's dataset may
+        # diverge from this one's, so it must never be served this one's samples
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            if k not in self._own_attributes or k in ("dataset", "transform", "max_bytes"):
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        new._open()
+        return new
+
     def __reduce__(self):
         from multiprocessing import context
 
         if self.ctrl is not None and context.get_spawning_popen() is not None:
             # a spawn/forkserver worker being started: the segments travel as their memfds, never
-            # through torch's sharing strategy (file_system would copy them into /dev/shm and unmap
-            # them under this process); a forked worker inherits them and pickles nothing
-            keys = ("dataset", "transform", "max_bytes", "id", "entries")
-            state = {k: self.__dict__[k] for k in keys}
+            # through torch's sharing strategy; a forked worker inherits them and pickles nothing
+            state = {k: v for k, v in self.__dict__.items() if k not in _LOCAL}
             state["ctrl"], state["data"] = send_segment(self.ctrl), send_segment(self.data)
-            return (_worker_cache, (state,))
-        # a plain copy (pickle, deepcopy) is the same cache where it exists: never a copy of it
+            return (_worker_cache, (state, type(self)))
+        # a plain pickle is the same wrapper where it exists: never a copy of the cache
         return (_same_cache, (self.id, self.dataset, self.transform, self.max_bytes))
 
     def __repr__(self) -> str:
@@ -461,8 +501,8 @@ class _Batch:
         self.batch = batch
 
 
-def _worker_cache(state: dict[str, Any]) -> Cached:
-    cache = Cached.__new__(Cached)
+def _worker_cache(state: dict[str, Any], cls: type = None) -> Cached:
+    cache = (cls or Cached).__new__(cls or Cached)
     cache.__dict__.update(state)
     return _CACHES.setdefault(cache.id, cache)
 
