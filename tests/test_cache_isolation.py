@@ -22,99 +22,10 @@ from torch.utils.data import DataLoader, Dataset
 
 import fastcollate
 from fastcollate import _ext
+from cache_samples import expected, kinds as broad_samples
 from helpers import assert_identical
 
 C = _ext._C
-
-
-class ZeroCopyBytes(bytearray):
-    """PEP 574's example class: pickled out of band, rebuilt around the buffer it is given."""
-
-    def __reduce_ex__(self, protocol):
-        if protocol >= 5:
-            return type(self)._reconstruct, (pickle.PickleBuffer(self),), None
-        return type(self)._reconstruct, (bytearray(self),)
-
-    @classmethod
-    def _reconstruct(cls, obj):
-        with memoryview(obj) as m:
-            obj = m.obj
-            return obj if type(obj) is cls else cls(obj)
-
-
-class Holder:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-    def __eq__(self, other):
-        return type(other) is Holder and vars(self).keys() == vars(other).keys()
-
-
-def broad_samples() -> dict[str, tuple]:
-    """name -> (sample, what a hit must equal: the sample itself, or None for that). Deterministic:
-    forked workers rebuild it to check what they read."""
-    g = torch.Generator().manual_seed(0)
-    rng = np.random.default_rng(0)
-    big = torch.arange(20_000, dtype=torch.float32).reshape(200, 100)
-    ro = np.arange(6.0).reshape(2, 3)
-    ro.flags.writeable = False
-    with torch.inference_mode():
-        inference = torch.ones(3)
-    shared = torch.arange(3)
-    loop: list = [1]
-    loop.append(loop)
-    wbuf, rbuf = bytearray(b"writable bytes"), b"read-only bytes"
-    out = {
-        "tensor": (torch.randn(4, 5, generator=g), None),
-        "row of a big tensor": (big[7], None),
-        "column view": (big[:, 3], None),
-        "transposed": (big[:4].t(), None),
-        "channels_last": (torch.randn(2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last), None),
-        "expanded": (torch.ones(3, 1).expand(3, 7), None),
-        "complex conj": (torch.randn(3, dtype=torch.complex64, generator=g).conj(), None),
-        "neg view": (torch._neg_view(torch.randn(3, generator=g)), None),
-        "requires_grad leaf": (torch.randn(3, generator=g).requires_grad_(True), None),
-        "inference": (inference, None),
-        "parameter": (torch.nn.Parameter(torch.ones(2)), None),
-        "tensor with attributes": (_with_attr(torch.zeros(3)), None),
-        "ndarray": (rng.standard_normal((3, 4)), None),
-        "ndarray F": (np.asfortranarray(np.arange(12.0).reshape(3, 4)), None),
-        "ndarray strided": (np.arange(40.0).reshape(5, 8)[::2, 1::3], None),
-        "ndarray negative strides": (np.arange(12.0).reshape(3, 4)[::-1, ::-2], None),
-        "ndarray read-only": (ro, None),
-        "ndarray structured": (np.array([(1, 2.5), (3, -1.0)], dtype=[("a", "<i4"), ("b", ">f8")]), None),
-        "ndarray strings": (np.array(["ab", "c"]), None),
-        "numpy scalars": ([np.float32(1.5), np.int8(-3), np.bool_(True), np.complex128(1 - 2j)], None),
-        "bytearray": (bytearray(b"abc" * 50), None),
-        "PickleBuffer": (pickle.PickleBuffer(wbuf), bytearray(wbuf)),  # as pickle gives it: a bytearray
-        "read-only PickleBuffer": (pickle.PickleBuffer(rbuf), rbuf),  # ... and bytes
-        "PEP 574 class": (ZeroCopyBytes(b"zero copy"), None),
-        "nested": ({"a": [torch.arange(4), np.arange(3), bytearray(b"q")], "b": collections.deque([{"c": 1}]),
-                    "h": Holder(t=torch.ones(2), items=[1, 2])}, None),
-        "one object twice": ([shared, shared, {"again": shared}], None),
-        "self-referencing list": (loop, None),
-    }
-    try:
-        import pyarrow as pa
-    except ImportError:
-        pass
-    else:
-        out["pyarrow array"] = (pa.array([1, 2, 3], pa.int64()), None)
-        out["pyarrow strings"] = (pa.array(["x", None, "zz"]), None)
-        out["pyarrow table"] = (pa.table({"a": [1.5, 2.5], "b": ["x", "y"], "c": [[1, 2], [3]]}), None)
-        out["pyarrow slice"] = (pa.array(np.arange(100, dtype=np.int32)).slice(10, 5), None)
-        out["pyarrow in a dict"] = ({"t": pa.table({"k": [7]}), "n": np.ones(2)}, None)
-    return out
-
-
-def _with_attr(t):
-    t.note = bytearray(b"attr")
-    return t
-
-
-def expected(name: str, samples: dict) -> object:
-    sample, want = samples[name]
-    return sample if want is None else want
 
 
 # ---- changing everything a sample reaches, in place ----------------------------------------------
@@ -203,7 +114,7 @@ class Samples(Dataset):
 
 def test_the_mutation_helper_reaches_what_it_claims_to():
     # the check below is only as good as mutate(): it must change every kind it can change
-    immutable = {"read-only PickleBuffer", "ndarray read-only"}
+    immutable = {"read-only PickleBuffer", "numpy read-only", "empty with strides", "numpy empty"}
     for name, (sample, _) in broad_samples().items():
         before = pickle.dumps(_comparable(sample))
         mutate(sample)
