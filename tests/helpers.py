@@ -113,7 +113,8 @@ def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | N
     the exact type at every level; a tensor's dtype, shape, strides (empty tensors' too), layout,
     device, requires_grad, conjugate/negative bits, inference-ness and bytes; a numpy array's dtype
     (byte order included), shape, strides, writeable and contiguity flags and bytes; a numpy
-    scalar's dtype and bytes; floats and complex numbers bit for bit (NaN payloads, -0.0);
+    scalar's dtype and bytes; pyarrow arrays, tables and buffers by ``equals``; floats and complex
+    numbers bit for bit (NaN payloads, -0.0);
     mappings key by key in order; sequences item by item; other objects by ``==`` and their
     attributes; and an object that appears twice in ``want`` is one object in ``got``."""
     import numpy as np
@@ -144,6 +145,8 @@ def assert_identical(got: Any, want: Any, where: str = "sample", _memo: dict | N
         for flag in ("WRITEABLE", "C_CONTIGUOUS", "F_CONTIGUOUS"):
             assert got.flags[flag] == want.flags[flag], f"{where}: flag {flag} {got.flags[flag]} != {want.flags[flag]}"
         assert got.tobytes() == want.tobytes(), f"{where}: values differ"
+    elif type(want).__module__.startswith("pyarrow") and hasattr(want, "equals"):  # arrays, tables, buffers
+        assert want.equals(got), f"{where}: {type(want).__name__} differs: {got!r} != {want!r}"
     elif isinstance(want, np.generic):
         assert got.dtype == want.dtype and got.dtype.str == want.dtype.str, \
             f"{where}: dtype {got.dtype} != {want.dtype}"

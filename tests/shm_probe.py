@@ -1,7 +1,10 @@
 """Run inside a private mount namespace with a tiny /dev/shm (tests/test_containers.py): one
 loader's epoch of 9.6 MB batches; prints OK and the loader's stats, or dies as torch's does.
 ``cache-fork`` / ``cache-spawn`` (tests/test_cache.py): 134 MB of samples in a fastcollate.Cached
-filled by two workers in epoch 1 and read by them in epoch 2; prints OK, hits, misses, bytes."""
+filled by two workers in epoch 1 and read by them in epoch 2; prints OK, hits, misses, bytes.
+``cache-strategy-<file_system|file_descriptor>-<spawn|forkserver>``: a 64 MB cache read in the main
+process first, then filled and read by two workers under that sharing strategy, then read again in
+the main process; prints OK, hits, misses and the bytes of /dev/shm files of the main process's."""
 import sys
 
 import torch
@@ -40,7 +43,42 @@ def cache(context: str) -> None:
     print("OK", s["hits"], s["misses"], s["bytes"], flush=True)
 
 
+class Rows(Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.full((16_384,), float(i))  # 64 KB a sample
+
+
+def cache_strategy(strategy: str, context: str) -> None:
+    import os
+
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    ds = fastcollate.Cached(Rows(), max_bytes=64 << 20)
+    for i in (0, 1, 1):  # the main process maps the data segment and reads it first
+        assert torch.equal(ds[i], Rows()[i]), "a sample read wrong"
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context, persistent_workers=True,
+                        timeout=120)
+    for _ in range(2):
+        seen = 0
+        for b in loader:
+            assert torch.equal(b[:, 0], torch.arange(seen, seen + 4, dtype=torch.float32)), "a batch arrived wrong"
+            seen += 4
+        assert seen == 32
+    for i in range(32):  # the main process reads what the workers inserted, through its mapping
+        assert torch.equal(ds[i], Rows()[i]), "a sample read wrong after the workers"
+    mine = f"torch_{os.getpid()}_"
+    shm = sum(os.path.getsize(os.path.join("/dev/shm", f)) for f in os.listdir("/dev/shm") if f.startswith(mine))
+    s = ds.stats()
+    print("OK", s["hits"], s["misses"], shm, flush=True)
+
+
 def main(which: str) -> None:
+    if which.startswith("cache-strategy-"):
+        return cache_strategy(*which.split("-")[2:])
     if which.startswith("cache-"):
         return cache(which.split("-", 1)[1])
     kw = dict(batch_size=8, num_workers=2, timeout=60)  # 9.6 MB batches

@@ -1,14 +1,14 @@
 """fastcollate.Cached: a cached sample is the dataset's exactly (assert_identical: types, dtypes,
-shapes, strides, flags, bytes); DataLoader workers fill it in epoch 1 and every worker reads what
-any other inserted, spawn, fork and forkserver, persistent or not; a full cache keeps serving;
-transform runs after the cache on every fetch; a dead writer's entry is reclaimed; an 8 MB /dev/shm
-is no limit. The fuzzed round trips are in test_fuzz.py."""
+shapes, strides, flags, bytes; the kinds in cache_samples.py); DataLoader workers fill it in epoch 1
+and every worker reads what any other inserted, spawn, fork and forkserver, persistent or not,
+either sharing strategy; integer indices of any kind are cached; a sample too big for the room left
+is refused alone and a full cache keeps serving; a __getitems__ that returns a batch is passed
+through; transform runs after the cache on every fetch; an interrupted or dead writer's entry is
+freed; the cgroup's page cache is not counted as used; an 8 MB /dev/shm is no limit. The fuzzed
+round trips are in test_fuzz.py, hits changed in place in test_cache_isolation.py, the wrapper's
+attributes and copies in test_cache_wrapper.py."""
 from __future__ import annotations
 
-import collections
-import dataclasses
-import decimal
-import fractions
 import os
 import pickle
 import subprocess
@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 import fastcollate
 from fastcollate import _ext
 from fastcollate.data import cache as cache_mod
-from helpers import assert_identical
+import cache_samples
+from helpers import assert_identical, assert_same
 
 C = _ext._C
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,15 +102,6 @@ class Flip:
         return x + torch.rand(())
 
 
-@dataclasses.dataclass
-class Record:
-    name: str
-    values: list
-
-
-NT = collections.namedtuple("NT", ["a", "b"])
-
-
 def _round_trip(sample):
     """The sample as the dataset gave it (a miss), and as the cache gives it back (a hit)."""
     ds = fastcollate.Cached(Listed([sample]), max_bytes=64 << 20)
@@ -118,60 +110,15 @@ def _round_trip(sample):
     return ds, first, again
 
 
-def _kinds():
-    big = torch.arange(100_000, dtype=torch.float32).reshape(1000, 100)
-    ro = np.arange(6.0).reshape(2, 3)
-    ro.flags.writeable = False
-    with torch.inference_mode():
-        inference = torch.ones(3)
-    shared = torch.arange(3)
-    loop: list = [1]
-    loop.append(loop)
-    return {
-        "row of a big tensor": big[7],
-        "column view": big[:, 3],
-        "transposed": big[:4].t(),
-        "channels_last": torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
-        "expanded": torch.ones(3, 1).expand(3, 7),
-        "offset view": torch.arange(10)[3:],
-        "0-d": torch.tensor(2.5, dtype=torch.float64),
-        "empty with strides": torch.empty(0, 3).as_strided((0, 3), (7, 2)),
-        "bool": torch.tensor([True, False]),
-        "bfloat16 nan": torch.tensor([float("nan"), -0.0], dtype=torch.bfloat16),
-        "float8": torch.randn(4).to(torch.float8_e4m3fn),
-        "complex conj": torch.randn(3, dtype=torch.complex64).conj(),
-        "neg view": torch._neg_view(torch.randn(3)),
-        "requires_grad leaf": torch.randn(3, requires_grad=True),
-        "inference": inference,
-        "parameter": torch.nn.Parameter(torch.ones(2)),
-        "uint16": torch.arange(5).to(torch.uint16),
-        "numpy F": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-        "numpy negative strides": np.arange(12.0).reshape(3, 4)[::-1, ::-2],
-        "numpy big-endian": np.arange(5, dtype=">i4"),
-        "numpy read-only": ro,
-        "numpy structured": np.zeros(3, dtype=[("a", "<i4"), ("b", ">f8")]),
-        "numpy empty": np.zeros((2, 0, 3))[:, :, ::2],
-        "numpy 0-d": np.array(3.5),
-        "numpy scalars": [np.float32("nan"), np.int8(-3), np.bool_(True), np.complex128(1 - 2j)],
-        "strings": np.array(["ab", "c"]),
-        "python": {"int": 2**70, "float": float("nan"), "neg0": -0.0, "str": "é", "bytes": b"\x00",
-                   "none": None, "tuple": (1, (2, 3)), "set": {1, 2}, "frozenset": frozenset("ab"),
-                   "complex": complex(1, float("inf")), "decimal": decimal.Decimal("1.10"),
-                   "fraction": fractions.Fraction(1, 3), "bytearray": bytearray(b"xy")},
-        "containers": collections.OrderedDict(b=[NT(1, torch.ones(2)), Record("r", [1.5])], a=collections.deque([1])),
-        "one object twice": [shared, shared, {"again": shared}],
-        "self-referencing list": loop,
-    }
-
-
-KINDS = _kinds()
+KINDS = cache_samples.kinds()
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_cached_sample_is_the_datasets_exactly(kind):
-    ds, first, again = _round_trip(KINDS[kind])
-    assert first is KINDS[kind]  # a miss returns the dataset's own sample
-    assert_identical(again, KINDS[kind])
+    sample = KINDS[kind][0]
+    ds, first, again = _round_trip(sample)
+    assert first is sample  # a miss returns the dataset's own sample
+    assert_identical(again, cache_samples.expected(kind, KINDS))
     s = ds.stats()
     assert (s["hits"], s["misses"], s["inserts"], s["uncacheable"]) == (1, 1, 1, 0)
     assert ds.dataset.counts.tolist() == [1]
@@ -233,6 +180,84 @@ def test_a_full_cache_keeps_serving_and_counts_misses():
     assert base.counts.tolist() == [1] * cached + [3] * (20 - cached)
 
 
+def test_one_sample_too_big_for_the_room_left_is_refused_alone(caplog):
+    items = [torch.zeros(100), torch.zeros(5000), torch.zeros(100), torch.ones(100)]  # 20 KB in a 4 KB cache
+    base = Listed(items)
+    ds = fastcollate.Cached(base, max_bytes=4096)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for _ in range(3):
+            for i in range(4):
+                assert_identical(ds[i], items[i])
+    s = ds.stats()
+    assert (s["inserts"], s["refused_full"], s["full"]) == (3, 1, False), s  # refused once, never serialized again
+    assert C.cache_state(ds.ctrl, 1) == C.cache_states["refused"]
+    assert base.counts.tolist() == [1, 3, 1, 1]
+    said = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(said) == 1 and "sample 1 (" in said[0] and "bytes left of max_bytes=4096" in said[0], said
+    assert "fetched from the dataset every time" in said[0] and "smaller samples are still inserted" in said[0]
+    size = said[0].split("sample 1 (")[1].split(" ")[0]
+    assert int(size) > 20000
+
+
+def test_a_first_sample_bigger_than_the_cache_does_not_end_inserts():
+    items = [torch.zeros(50_000)] + [torch.full((10,), float(i)) for i in range(1, 6)]
+    ds = fastcollate.Cached(Listed(items), max_bytes=65536)
+    for _ in range(2):
+        for i in range(6):
+            assert_identical(ds[i], items[i])
+    s = ds.stats()
+    assert (s["inserts"], s["hits"], s["refused_full"], s["full"]) == (5, 5, 1, False), s
+
+
+def test_the_cache_is_full_once_the_room_left_is_less_than_a_typical_sample(caplog):
+    items = [torch.full((256,), float(i)) for i in range(20)]  # ~1.2 KB entries
+    ds = fastcollate.Cached(Listed(items), max_bytes=5 * 1200)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for i in range(20):
+            ds[i]
+    s = ds.stats()
+    assert s["full"] and s["refused_full"] == 1
+    said = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    room = s["capacity"] - s["bytes"]
+    assert len(said) == 1 and f"sample {s['inserts']} (" in said[0], said
+    assert f"the {room} bytes left of max_bytes=6000" in said[0] and "the cache is full" in said[0]
+    assert "no more are inserted" in said[0]
+    # full: later claims are refused before anyone serializes
+    pid = os.getpid()
+    assert C.cache_claim(ds.ctrl, 19, pid).outcome == C.cache_claims["full"]
+
+
+def test_the_full_rule_in_the_engine():
+    ds = fastcollate.Cached(Listed([0] * 8), max_bytes=64 * 10)
+    pid = os.getpid()
+
+    def insert(i, nbytes):
+        assert C.cache_claim(ds.ctrl, i, pid).outcome == C.cache_claims["claimed"]
+        offset = C.cache_reserve(ds.ctrl, i, pid, nbytes)
+        if offset >= 0:
+            C.cache_publish(ds.ctrl, i, pid, offset, nbytes)
+        return offset
+
+    assert insert(0, 700) == -1 and not ds.stats()["full"]  # nothing published: refused alone
+    assert insert(1, 128) == 0 and insert(2, 128) == 128  # mean entry 128 bytes, 384 left
+    assert insert(3, 400) == -1 and not ds.stats()["full"]  # 384 left >= a typical 128
+    assert insert(4, 300) == 256  # 320 -> 64 left
+    assert insert(5, 100) == -1 and ds.stats()["full"]  # 64 left < the mean published entry (185 -> 192)
+    assert C.cache_claim(ds.ctrl, 6, pid).outcome == C.cache_claims["full"]
+    assert [C.cache_state(ds.ctrl, i) for i in (0, 3, 5)] == [C.cache_states["refused"]] * 3
+    assert ds.stats()["refused_full"] == 3
+
+
+def test_max_bytes_is_bounded_and_may_be_a_numpy_int():
+    for big in (2**70, cache_mod.MAX_BYTES + 1):
+        with pytest.raises(ValueError, match=r"at most MAX_BYTES = 2\*\*46"):
+            fastcollate.Cached([1], max_bytes=big)
+    for n in (np.int64(1 << 20), np.uint64(1 << 20), np.int32(4096)):
+        ds = fastcollate.Cached([torch.ones(3)], max_bytes=n)
+        assert type(ds.max_bytes) is int and ds.stats()["capacity"] == int(n)
+        assert ds[0] is not ds[0] and ds.stats()["hits"] == 1
+
+
 def test_max_bytes_zero_caches_nothing_and_works():
     ds = fastcollate.Cached(Listed([1, 2]), max_bytes=0)
     assert [ds[0], ds[1], ds[0]] == [1, 2, 1]
@@ -266,18 +291,67 @@ def test_getitems_fetches_only_the_misses_in_one_call():
     assert base.calls[2:] == [[6, 7]] and torch.equal(batches[1][:, 0], torch.tensor([8.0, 10, 12, 14]))
 
 
-def test_only_python_int_indices_in_range_are_cached():
-    class Keyed(Dataset):
-        def __len__(self):
-            return 2
+class Keyed(Dataset):
+    """Records the key it was called with; sample k for an integer-valued key, repr(key) otherwise."""
 
-        def __getitem__(self, key):
+    def __init__(self, n=4):
+        self.n, self.keys = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        self.keys.append(key)
+        try:
+            return torch.full((2,), float(int(key)))
+        except (TypeError, ValueError):
             return repr(key)
 
-    ds = fastcollate.Cached(Keyed(), max_bytes=1 << 20)
-    keys = [np.int64(1), True, -1, "k", 5, 1, 1]
-    assert [ds[k] for k in keys] == [Keyed()[k] for k in keys]
-    assert ds.stats()["inserts"] == 1 and ds.stats()["hits"] == 1
+
+def test_integer_indices_are_cached_under_their_int_value():
+    base = Keyed()
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    first = ds[np.int64(1)]
+    assert type(base.keys[0]) is np.int64  # a miss calls the dataset with the index it was given
+    for k in [1, np.int32(1), np.uint8(1), torch.tensor(1), torch.tensor(1, dtype=torch.int16)]:
+        assert_identical(ds[k], first)
+    ds[torch.tensor(2, dtype=torch.uint8)]
+    assert ds.stats()["inserts"] == 2 and ds.stats()["hits"] == 5 and len(base.keys) == 2
+    # never cached: bools, floats, negative or out of range, not 0-dim, timedelta, strings
+    odd = [True, np.bool_(True), torch.tensor(True), 1.0, np.float64(1.0), torch.tensor(1.0), -1, np.int64(-1),
+           5, np.int64(9), torch.tensor([1]), np.timedelta64(1), "k"]
+    for _ in range(2):
+        for k in odd:
+            got = ds[k]
+            assert base.keys[-1] is k  # went to the dataset, with the key itself
+            want = base[k]
+            if isinstance(want, torch.Tensor):
+                assert_identical(got, want)
+            else:
+                assert got == want
+    assert ds.stats()["inserts"] == 2 and ds.stats()["hits"] == 5
+
+
+@pytest.mark.parametrize("how", ["SubsetRandomSampler(ndarray)", "SubsetRandomSampler(tensor)", "Subset(ndarray)",
+                                 "Subset(ndarray)+__getitems__"])
+def test_samplers_and_subsets_that_give_numpy_or_tensor_indices_are_cached(how):
+    from torch.utils.data import Subset, SubsetRandomSampler
+
+    items = [torch.full((3,), float(i)) for i in range(12)]
+    base = Batched(items) if how.endswith("__getitems__") else Listed(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    picked = np.arange(2, 10)
+    if how.startswith("SubsetRandomSampler"):
+        sampler = SubsetRandomSampler(picked if "ndarray" in how else torch.from_numpy(picked))
+        loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    else:
+        loader = DataLoader(Subset(ds, picked), batch_size=4, shuffle=True)
+    for _ in range(3):
+        rows = torch.cat(list(loader))
+        assert sorted(rows[:, 0].tolist()) == [float(i) for i in picked]
+    s = ds.stats()
+    assert (s["inserts"], s["hits"]) == (8, 16), s
+    assert base.counts.tolist() == [0, 0] + [1] * 8 + [0, 0]
 
 
 def test_a_failing_fetch_leaves_the_entry_free():
@@ -298,6 +372,99 @@ def test_a_failing_fetch_leaves_the_entry_free():
         ds[0]
     assert C.cache_state(ds.ctrl, 0) == 0
     assert [ds[0], ds[0]] == ["ok", "ok"] and ds.stats()["hits"] == 1
+
+
+class Interrupting:
+    """A sample whose serialization is cut short by Ctrl-C."""
+
+    def __reduce__(self):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_a_batched_insert_releases_every_claim():
+    items = [torch.ones(2), Interrupting(), torch.ones(3), torch.ones(4)]
+    base = Batched(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    with pytest.raises(KeyboardInterrupt):
+        ds.__getitems__([0, 1, 2, 3])
+    assert [C.cache_state(ds.ctrl, i) for i in range(4)] == [C.cache_states["ready"], 0, 0, 0]
+    base.items[1] = torch.ones(5)
+    ds.__getitems__([0, 1, 2, 3])
+    assert ds.stats()["inserts"] == 4 and base.calls[-1] == [1, 2, 3]
+
+
+class DictBatches(Listed):
+    """__getitems__ returns the batch itself: a dict of 2 keys (a batch of 2 has as many)."""
+
+    def __getitems__(self, indices):
+        return {"x": torch.stack([self[i] for i in indices]), "index": torch.tensor(indices)}
+
+
+class TensorBatches(Listed):
+    def __getitems__(self, indices):
+        return torch.stack([self[i] for i in indices])
+
+
+class WrongLength(Listed):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices][:-1]
+
+
+@pytest.mark.parametrize("kind", [DictBatches, TensorBatches, WrongLength])
+def test_a_getitems_that_returns_a_batch_is_passed_through_never_cached(kind, caplog):
+    items = [torch.full((3,), float(i)) for i in range(8)]
+    ds = fastcollate.Cached(kind(items), max_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="fastcollate"):
+        for _ in range(2):
+            for start in range(0, 8, 2):
+                got = ds.__getitems__([start, start + 1])
+                want = kind(items).__getitems__([start, start + 1])
+                assert type(got) is type(want)
+                assert_same(got, want, contiguous=True)
+        ds[5], ds[5]  # a single sample is still cached
+    s = ds.stats()
+    assert (s["inserts"], s["hits"]) == (1, 1), s
+    said = [r.getMessage() for r in caplog.records if "returns a batch" in r.getMessage()]
+    assert len(said) == 1 and f"{kind.__name__}.__getitems__" in said[0] and "nothing is cached" in said[0]
+    # through torch's DataLoader: what the collate_fn gets is what it would get from the dataset
+    got = list(DataLoader(ds, batch_size=2, collate_fn=lambda b: b))
+    want = list(DataLoader(kind(items), batch_size=2, collate_fn=lambda b: b))
+    assert_same(got, want)
+    with pytest.raises(TypeError, match=f"{kind.__name__}.__getitems__ returned a batch .* transform= applies to one"):
+        fastcollate.Cached(kind(items), transform=lambda x: x, max_bytes=1 << 20).__getitems__([0, 1])
+
+
+def test_a_batch_after_samples_were_cached_is_the_whole_batch_from_the_dataset():
+    class Switches(Listed):
+        batches = False
+
+        def __getitems__(self, indices):
+            samples = [self[i] for i in indices]
+            return {"x": torch.stack(samples)} if self.batches else samples
+
+    items = [torch.full((2,), float(i)) for i in range(4)]
+    base = Switches(items)
+    ds = fastcollate.Cached(base, max_bytes=1 << 20)
+    ds.__getitems__([0, 1])
+    base.batches = True
+    got = ds.__getitems__([1, 2])  # 1 is a hit, 2 a miss: the batch is the dataset's, whole
+    assert_same(got, {"x": torch.stack([items[1], items[2]])})
+    assert C.cache_state(ds.ctrl, 2) == 0 and ds.stats()["inserts"] == 2
+
+
+class TupleSamples(Listed):
+    def __getitems__(self, indices):
+        return tuple(self[i] for i in indices)
+
+
+def test_a_tuple_of_samples_is_cached():
+    items = [torch.full((2,), float(i)) for i in range(4)]
+    ds = fastcollate.Cached(TupleSamples(items), max_bytes=1 << 20)
+    for _ in range(2):
+        got = ds.__getitems__([0, 1, 2])
+        for g, i in zip(got, [0, 1, 2]):
+            assert_identical(g, items[i])
+    assert ds.stats()["inserts"] == 3 and ds.stats()["hits"] == 3
 
 
 def _dead_pid() -> int:
@@ -432,14 +599,56 @@ def test_default_max_bytes_is_half_the_available_memory():
     assert 0 < ds.max_bytes <= avail and ds.stats()["capacity"] == ds.max_bytes
 
 
+def _fake_cgroup(tmp_path, monkeypatch, files: dict[str, str], proc_cgroup: str = "0::/\n") -> None:
+    from fastcollate.data import cache_memory
+
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "proc_self_cgroup").write_text(proc_cgroup)
+    monkeypatch.setattr(cache_memory, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(cache_memory, "PROC_SELF_CGROUP", str(tmp_path / "proc_self_cgroup"))
+
+
+def _meminfo_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
 def test_cgroup_limit_bounds_the_available_memory(tmp_path, monkeypatch):
-    (tmp_path / "memory.max").write_text("1048576\n")
-    (tmp_path / "memory.current").write_text("524288\n")
-    real = cache_mod._read_int
-    monkeypatch.setattr(cache_mod, "_read_int",
-                        lambda p: real(str(tmp_path / os.path.basename(p))) if p.startswith("/sys/fs/cgroup/memory.")
-                        else real(p))
+    _fake_cgroup(tmp_path, monkeypatch, {"memory.max": "1048576\n", "memory.current": "524288\n"})
     assert cache_mod.memory_available() == 524288
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("version", ["v2", "v2 own group", "v1 total", "v1 unprefixed"])
+def test_a_cgroups_page_cache_is_not_counted_as_used(tmp_path, monkeypatch, version):
+    # a 16 GiB pod that read 14 GiB of files: 14.5 GiB "used", 14 GiB of it reclaimable page cache
+    limit, usage, active, inactive = 16 * GiB, 14 * GiB + GiB // 2, 6 * GiB, 8 * GiB
+    stat = f"anon {GiB // 2}\nfile {14 * GiB}\nactive_file {active}\ninactive_file {inactive}\nshmem 0\n"
+    if version == "v2":
+        files = {"memory.max": f"{limit}\n", "memory.current": f"{usage}\n", "memory.stat": stat}
+        proc = "0::/\n"
+    elif version == "v2 own group":
+        files = {"kubepods/pod1/memory.max": f"{limit}\n", "kubepods/pod1/memory.current": f"{usage}\n",
+                 "kubepods/pod1/memory.stat": stat}
+        proc = "0::/kubepods/pod1\n"
+    elif version == "v1 total":  # the group's own counts would say less: the hierarchical totals are used
+        stat = f"active_file 0\ninactive_file 0\ntotal_active_file {active}\ntotal_inactive_file {inactive}\n"
+        files = {"memory/memory.limit_in_bytes": f"{limit}\n", "memory/memory.usage_in_bytes": f"{usage}\n",
+                 "memory/memory.stat": stat}
+        proc = "4:memory:/\n"
+    else:
+        files = {"memory/pod/memory.limit_in_bytes": f"{limit}\n", "memory/pod/memory.usage_in_bytes": f"{usage}\n",
+                 "memory/pod/memory.stat": f"cache {14 * GiB}\nactive_file {active}\ninactive_file {inactive}\n"}
+        proc = "4:memory:/pod\n"
+    _fake_cgroup(tmp_path, monkeypatch, files, proc)
+    from fastcollate.data import cache_memory
+
+    assert cache_memory._cgroup_room() == limit - GiB // 2  # 15.5 GiB left, not 1.5
+    assert cache_mod.memory_available() == min(_meminfo_available(), limit - GiB // 2)
 
 
 def test_bad_arguments_are_refused_clearly():
@@ -503,6 +712,23 @@ def test_128_mb_cached_with_an_8_mb_dev_shm(context):
     assert (hits, misses) == (128, 128) and nbytes > 128 << 20
 
 
+@pytest.mark.parametrize("strategy", ["file_system", "file_descriptor"])
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_any_sharing_strategy_shares_the_segments_themselves(strategy, context):
+    # torch's file_system strategy moved a storage it was asked to send into a /dev/shm file: a
+    # 64 MB copy ("No space left on device" under a small /dev/shm), and the main process's
+    # mapping freed under its numpy view (a segfault at its next read)
+    probe = os.path.join(ROOT, "tests", "shm_probe.py")
+    run = f"{sys.executable} {probe} cache-strategy-{strategy}-{context}"
+    cmd = ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {run}"] \
+        if _can_unshare() is None else run.split()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), (r.returncode, r.stdout + r.stderr[-2000:])
+    hits, misses, shm = map(int, r.stdout.split()[1:])
+    assert (hits, misses) == (1 + 2 + 32 + 32, 2 + 30) and shm < 1 << 20, r.stdout
+
+
 # ---- the engine's contract ------------------------------------------------------------------------
 
 def test_control_block_words_and_entries_are_named():
@@ -536,9 +762,10 @@ def test_the_engine_refuses_bad_calls_saying_what_it_got():
     assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["claimed"]
     with pytest.raises(RuntimeError, match="was not reserved"):
         C.cache_publish(ds.ctrl, 0, pid, 0, 10)
-    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: full, claim released
-    assert C.cache_state(ds.ctrl, 0) == 0 and ds.stats()["full"]
-    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["full"]
+    assert C.cache_reserve(ds.ctrl, 0, pid, 2000) == -1  # larger than the segment: refused alone, never again
+    assert C.cache_state(ds.ctrl, 0) == C.cache_states["refused"] and not ds.stats()["full"]
+    assert C.cache_claim(ds.ctrl, 0, pid).outcome == C.cache_claims["skip"]
+    assert ds.stats()["refused_full"] == 1
 
 
 def test_the_docstrings_examples_run():

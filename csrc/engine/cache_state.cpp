@@ -24,6 +24,16 @@ std::atomic<int64_t>* entry(const at::Tensor& ctrl, int64_t index) {
   return w + kCacheHeader + index * kCacheEntryWords;
 }
 
+int64_t aligned(int64_t nbytes) { return (nbytes + kCacheAlign - 1) / kCacheAlign * kCacheAlign; }
+
+// What an entry typically takes: the mean published one, aligned; one alignment unit (the least
+// any entry takes) while nothing is published.
+int64_t typical_entry(std::atomic<int64_t>* w) {
+  const int64_t inserts = w[kCacheInserts].load(std::memory_order_relaxed);
+  if (inserts <= 0) return kCacheAlign;
+  return aligned(w[kCachePayload].load(std::memory_order_relaxed) / inserts);
+}
+
 }  // namespace
 
 int64_t cache_ctrl_words(int64_t entries) {
@@ -57,7 +67,7 @@ CacheClaimResult cache_claim(const at::Tensor& ctrl, int64_t index, int64_t tag)
     if (e[kEntryState].compare_exchange_strong(state, tag, std::memory_order_acq_rel)) return {kClaimed, 0};
   }
   if (state == kEntryReady) return {kClaimReady, 0};
-  if (state == kEntryUncacheable) return {kClaimSkip, 0};
+  if (state == kEntryUncacheable || state == kEntryRefused) return {kClaimSkip, 0};
   return {kClaimBusy, state};
 }
 
@@ -68,16 +78,16 @@ int64_t cache_reserve(const at::Tensor& ctrl, int64_t index, int64_t tag, int64_
   TORCH_CHECK(e[kEntryState].load() == tag, "fastcollate cache: entry ", index, " is not held by pid ", tag,
               " (state ", e[kEntryState].load(), ")");
   const int64_t capacity = w[kCacheCapacity].load(std::memory_order_relaxed);
-  const int64_t need = (nbytes + kCacheAlign - 1) / kCacheAlign * kCacheAlign;
+  const int64_t need = aligned(nbytes);
   int64_t top = w[kCacheTop].load();
   // a CAS loop rather than fetch_add: the top never passes the capacity, so a refused insert
   // leaves no hole that a smaller one could not have used
   while (true) {
     if (need > capacity - top) {
-      w[kCacheFull].store(1);
       w[kCacheRefusedFull].fetch_add(1);
+      if (capacity - top < typical_entry(w)) w[kCacheFull].store(1);
       int64_t held = tag;
-      e[kEntryState].compare_exchange_strong(held, 0);
+      e[kEntryState].compare_exchange_strong(held, kEntryRefused);
       return -1;
     }
     if (w[kCacheTop].compare_exchange_weak(top, top + need)) return top;

@@ -13,6 +13,13 @@
 // not be stored) releases the entry back to empty, or marks it kEntryUncacheable; an entry whose
 // writer died is reclaimed (CAS dead pid -> 0) by whoever finds it so; what that writer reserved
 // stays allocated (counted in the allocator's top).
+//
+// The full rule. The room left (capacity - top) only ever shrinks: nothing is evicted. A
+// reservation that does not fit is refused alone -- its entry becomes kEntryRefused, never tried
+// again, since it could not fit later either -- and smaller samples keep being inserted. The cache
+// is marked full (kCacheFull: claims are refused before anyone serializes a sample) when a
+// refusal finds the room left smaller than a typical entry: the mean published entry, 64-byte
+// aligned, or one alignment unit while nothing is published (then nothing at all fits).
 #pragma once
 
 #include <ATen/core/Tensor.h>  // the Tensor class alone: ATen/ATen.h (every op) tripled the compile
@@ -38,19 +45,20 @@ enum CacheWord : int64_t {
   kCacheEntries = 12,      // N, the number of indices (written once by the process that makes it)
   kCacheCapacity = 13,     // bytes of the data segment (written once)
   kCacheTop = 14,          // the allocator: bytes of the data segment handed out so far
-  kCacheFull = 15,         // 1 once an insert found no room: no further inserts are tried
+  kCacheFull = 15,         // 1 once a refused insert found less room than a typical entry: no more inserts
   kCacheHeader = 16,       // header words; the entries follow
 };
 
 // Entry i is the kCacheEntryWords words at kCacheHeader + i * kCacheEntryWords.
 enum CacheEntryWord : int64_t {
-  kEntryState = 0,   // 0 empty, > 0 the pid writing it, kEntryReady, kEntryUncacheable
+  kEntryState = 0,   // 0 empty, > 0 the pid writing it, kEntryReady, kEntryUncacheable, kEntryRefused
   kEntryOffset = 1,  // byte offset in the data segment (valid once ready)
   kEntryLength = 2,  // bytes (valid once ready)
   kCacheEntryWords = 3,
 };
 constexpr int64_t kEntryReady = -1;
 constexpr int64_t kEntryUncacheable = -2;
+constexpr int64_t kEntryRefused = -3;  // its sample did not fit the room left (never tried again)
 constexpr int64_t kCacheAlign = 64;  // every entry starts at a multiple of this in the data segment
 
 // What a writer's claim found.
@@ -59,7 +67,7 @@ enum CacheClaim : int64_t {
   kClaimReady = 1,   // already published (by someone else, meanwhile)
   kClaimBusy = 2,    // another writer holds it (its pid in `holder`)
   kClaimFull = 3,    // the cache is full: nothing is inserted any more
-  kClaimSkip = 4,    // marked uncacheable
+  kClaimSkip = 4,    // marked uncacheable, or refused as too big for the room left
 };
 
 struct CacheClaimResult {
@@ -81,7 +89,8 @@ CacheSpan cache_find(const at::Tensor& ctrl, int64_t index);
 // Entry `index` for writer `tag` (a positive pid).
 CacheClaimResult cache_claim(const at::Tensor& ctrl, int64_t index, int64_t tag);
 // nbytes of the data segment for the entry `tag` holds: the offset, or -1 when they do not fit --
-// the cache is then full and the claim released.
+// the entry is then kEntryRefused, and the cache marked full when the room left is smaller than a
+// typical entry (the full rule above).
 int64_t cache_reserve(const at::Tensor& ctrl, int64_t index, int64_t tag, int64_t nbytes);
 // Publishes the entry `tag` holds at offset/nbytes (reserved by it); false when it no longer held it.
 bool cache_publish(const at::Tensor& ctrl, int64_t index, int64_t tag, int64_t offset, int64_t nbytes);

@@ -56,6 +56,7 @@ void register_cache_ops(pybind11::module_& m) {
   states["empty"] = static_cast<int64_t>(0);
   states["ready"] = kEntryReady;
   states["uncacheable"] = kEntryUncacheable;
+  states["refused"] = kEntryRefused;
   m.attr("cache_states") = states;
   py::dict claims;
   claims["claimed"] = static_cast<int64_t>(kClaimed);

@@ -6,10 +6,18 @@ shared memory with no name in /dev/shm and no quota there; torch already knows h
 storage made over a file descriptor (its file_descriptor strategy passes the descriptor, and
 its file_system strategy, asked to share a storage that has one, does the same), so a batch
 whose arena is a memfd crosses the worker queue as torch's own batches do, /dev/shm untouched.
+
+A segment that must stay *one* memory in every process (the sample cache's) is not left to
+torch's strategy, though: under ``set_sharing_strategy("file_system")`` torch shares a storage by
+moving it into a /dev/shm file -- a copy of the whole segment, and the old mapping freed under
+whoever still points into it. ``send_segment`` passes the memfd itself to a process being
+started (multiprocessing's ``DupFd``, as for any descriptor a spawn or forkserver child inherits),
+whatever the strategy.
 """
 from __future__ import annotations
 
 import os
+from multiprocessing import reduction
 from typing import Any
 
 import torch
@@ -30,6 +38,36 @@ def shared_segment(nbytes: int, name: str = "fastcollate") -> torch.Tensor:
     else:  # pragma: no cover - not Linux
         storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def send_segment(segment: torch.Tensor) -> Any:
+    """What pickles ``segment`` (a tensor over a whole shared_segment, any dtype) into a process
+    being started (spawn, forkserver: while multiprocessing's spawning popen exists) as the same
+    memory: its descriptor, duplicated for the child, never through torch's sharing strategy."""
+    if not MEMFD:  # pragma: no cover - not Linux: torch's own segment, torch's way
+        return segment
+    fd, size = segment.untyped_storage()._share_fd_cpu_()  # a memfd segment already: its descriptor, no copy
+    return _SentSegment(fd, size, segment.dtype)
+
+
+class _SentSegment:
+    __slots__ = ("fd", "nbytes", "dtype")
+
+    def __init__(self, fd: int, nbytes: int, dtype: torch.dtype) -> None:
+        self.fd, self.nbytes, self.dtype = fd, nbytes, dtype
+
+    def __reduce__(self):
+        return (receive_segment, (reduction.DupFd(self.fd), self.nbytes, self.dtype))
+
+
+def receive_segment(dupfd: Any, nbytes: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """The receiving side of send_segment: the segment mapped here (shared), as a ``dtype`` tensor."""
+    fd = dupfd.detach()
+    try:
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
+    finally:
+        os.close(fd)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
 
 
 # Batch arenas made in this process that may be sent by reference (fastcollate.loader.wire):

@@ -11,16 +11,29 @@ per index (state, offset, length) -- and a data segment of ``max_bytes``. The fi
 room with the shared bump allocator, writes, and publishes the entry (release ordering: the bytes
 are visible to whoever sees the entry published). Afterwards any process reads it: a lookup is
 one atomic load (acquire); published -> the sample is rebuilt from the shared bytes as new
-objects; anything else -> a miss, and the sample comes from the dataset. Nobody ever waits for
-anybody: an entry being written by another process is a miss for the reader. The protocol and
-the words live in C++ (csrc/engine/cache_state.h); the words are named in ``_C.cache_words``.
+objects (nothing that comes back is a view of the cache); anything else -> a miss, and the
+sample comes from the dataset. Nobody ever waits for anybody: an entry being written by another
+process is a miss for the reader. The protocol and the words live in C++
+(csrc/engine/cache_state.h); the words are named in ``_C.cache_words``.
 
-Workers. Forked workers inherit the segments; spawn and forkserver workers receive them as file
-descriptors when the DataLoader sends them the dataset (``Cached.__reduce__``), so every worker,
-persistent or not, shares one cache, and ``stats()`` in the main process counts them all. A
-plain pickle or deepcopy in a process that has the cache is that same cache; in another process
-(a framework that ships the dataset elsewhere) it becomes a new, empty cache over the unpickled
-dataset.
+Workers. Forked workers inherit the segments; spawn and forkserver workers receive their memfds
+(fastcollate.core.shm.send_segment, whatever torch's sharing strategy: torch's ``file_system``
+one would copy a segment into /dev/shm and unmap it under the main process) when the DataLoader
+sends them the dataset (``Cached.__reduce__``), so every worker, persistent or not, shares one
+cache, and ``stats()`` in the main process counts them all. A plain pickle in a process that has
+the cache is that same wrapper; in another process (a framework that ships the dataset
+elsewhere) it becomes a new, empty cache over the unpickled dataset.
+
+A transparent wrapper (fastcollate.data.wrapper). Attributes Cached does not own are the
+dataset's: ``ds.classes`` reads ``ds.dataset.classes``, ``ds.set_epoch(e)`` calls the dataset's,
+and ``ds.rng = ...`` (a ``worker_init_fn`` on ``get_worker_info().dataset``) sets it on the
+dataset. Cached owns ``dataset``, ``transform``, ``max_bytes`` and its cache's handles. A change
+made in the main process reaches workers exactly when torch would send it: workers started after
+it (non-persistent ones, each epoch) see it; persistent workers keep the dataset they started
+with. ``copy.copy`` is a new wrapper over the same dataset object and the same cache (set its
+``transform`` freely); ``copy.deepcopy`` copies the dataset and the transform and makes a new,
+empty cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split = "val"``),
+so it must not be served the original's samples.
 
 Exact. A cached sample equals the one the dataset returned the first time: types, dtypes, shapes,
 strides, requires_grad, bytes, and Python objects as pickle gives them (cache_codec lists what
@@ -28,22 +41,32 @@ comes back how, and what is refused). A sample that cannot be stored exactly is 
 is fetched from the dataset every time (counted in ``uncacheable``). Cached caches *whatever the
 first fetch returned*: wrap only a deterministic dataset (one whose ``dataset[i]`` is the same
 every time) and put random augmentation in ``transform``, which runs on every ``__getitem__``
-after the cache, hit or miss, so it stays random per epoch. Only Python ``int`` indices in
-``[0, len(dataset))`` are cached (what torch's samplers give); any other key goes to the dataset
-uncached. ``__getitems__`` (batch fetching) is kept when the dataset has it: lookups per index,
-one ``dataset.__getitems__`` call for the misses.
+after the cache, hit or miss, so it stays random per epoch. Integer indices in ``[0,
+len(dataset))`` are cached -- a Python ``int``, a numpy integer (``SubsetRandomSampler`` over an
+array, ``Subset`` with numpy indices) or a 0-dim integer CPU tensor (a sampler over a tensor) --
+under their int value; the dataset is still called with the index it was given. Any other key
+(bool, float, negative, a slice, a string) goes to the dataset uncached. ``__getitems__`` (batch
+fetching) is kept when the dataset has it: lookups per index, one ``dataset.__getitems__`` call
+for the misses. Where that call returns a batch (a dict, a tensor: anything but a list or tuple
+of one sample per index), nothing is cached from it: the dataset's batch is passed through as
+torch would pass it to the collate_fn (said once; a ``transform``, which applies to one sample,
+is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
-process when the cache is made: the smaller of the kernel's MemAvailable and what the memory
-cgroup's limit leaves) caps the data segment. An entry costs its sample's serialized size rounded
-up to 64 bytes; the index costs 24 bytes per sample of the dataset, touched as it fills. The first
-insert that finds no room makes the cache full: from then on nothing is inserted (counted in
-``refused_full``), every published entry is still served, and the rest are misses. Nothing is
-ever evicted, so no reader can see its bytes change. The memory is shared (shmem, charged once to
-the container's cgroup, not once per worker) and freed when the last process holding the cache
-lets it go. A writer that dies mid-insert leaves its entry to be reclaimed by the next process that
-finds its pid gone (counted in ``reclaimed``); the bytes it had reserved stay allocated. (Should
-the kernel give that pid to a new process first, the entry stays a miss until that one ends.)
+process when the cache is made: fastcollate.data.cache_memory) caps the data segment, at most
+``MAX_BYTES`` (2**46: the segment is mapped whole in every process). An entry costs its sample's
+serialized size rounded up to 64 bytes; the index costs 24 bytes per sample of the dataset,
+touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
+fetched from the dataset every time, and never serialized again) and smaller ones are still
+inserted; the cache becomes full when a refusal finds less room than a typical entry (the mean
+cached one): from then on nothing is inserted or even serialized, every published entry is still
+served, and the rest are misses. Nothing is ever evicted, so no reader can see its bytes change.
+The memory is shared (shmem, charged once to the container's cgroup, not once per worker) and
+freed when the last process holding the cache lets it go. A writer that dies mid-insert (or is
+interrupted: every claim a fetch holds is released on any exception) leaves its entry to be
+reclaimed by the next process that finds its pid gone (counted in ``reclaimed``); the bytes it
+had reserved stay allocated. (Should the kernel give that pid to a new process first, the entry
+stays a miss until that one ends.)
 
 Time. ``stats()`` also gives the time spent in hits (``hit_s``: reading and rebuilding), in the
 dataset on misses (``fetch_s``), in inserts (``insert_s``) and in ``transform`` (``transform_s``),
@@ -55,6 +78,7 @@ to the dataset and caches nothing.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import statistics
@@ -69,80 +93,20 @@ from torch.utils.data import Dataset, IterableDataset
 
 from .. import _ext
 from ..core.collator import disabled
-from ..core.shm import pid_alive, shared_segment
-from .cache_codec import Uncacheable, decode, encode
+from ..core.shm import pid_alive, send_segment, shared_segment
+from .cache_codec import ALIGN, Uncacheable, decode, encode
+from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
+from .wrapper import DatasetWrapper
 
-__all__ = ["Cached", "default_max_bytes", "memory_available"]
+__all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION", "MAX_BYTES"]
 
 logger = logging.getLogger("fastcollate")
-DEFAULT_FRACTION = 0.5  # of the memory available when the cache is made
-_UNLIMITED = 1 << 60
+# the most max_bytes may be: the data segment is mapped whole into every process that holds the
+# cache, and x86-64 gives a process 2**47 bytes of address space in all
+MAX_BYTES = 1 << 46
 _CACHES: "weakref.WeakValueDictionary[str, Cached]" = weakref.WeakValueDictionary()
 _MISS = object()
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return _UNLIMITED
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _cgroup_room() -> int | None:
-    """What the memory cgroup's limit leaves (limit - usage), where a limit is set."""
-    candidates: list[tuple[str, str]] = [("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")]
-    try:  # the process's own group, where the hierarchy is visible (no cgroup namespace)
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if path not in ("", "/") and controllers == "":
-                    candidates.append((f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current"))
-                elif path not in ("", "/") and "memory" in controllers.split(","):
-                    base = f"/sys/fs/cgroup/memory{path}"
-                    candidates.append((f"{base}/memory.limit_in_bytes", f"{base}/memory.usage_in_bytes"))
-    except OSError:
-        pass
-    room = None
-    for limit_path, usage_path in candidates:
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
-        if limit is None or usage is None or limit >= _UNLIMITED:
-            continue
-        left = max(0, limit - usage)
-        room = left if room is None else min(room, left)
-    return room
-
-
-def memory_available() -> int:
-    """Bytes of memory this process can still use: the smaller of /proc/meminfo's MemAvailable and
-    what the memory cgroup's limit leaves (containers), where either is known."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    room = _cgroup_room()
-    known = [v for v in (avail, room) if v is not None]
-    if not known:  # pragma: no cover - not Linux
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-    return min(known)
-
-
-def default_max_bytes() -> int:
-    """Cached's default ``max_bytes``: ``DEFAULT_FRACTION`` (half) of :func:`memory_available`."""
-    return int(memory_available() * DEFAULT_FRACTION) // 64 * 64
+_LOCAL = ("_seg", "_warned", "_batches")  # this process's own notes about a cache, never copied or sent
 
 
 def _warn_once(cache: "Cached", key: str, msg: str) -> None:
@@ -152,7 +116,35 @@ def _warn_once(cache: "Cached", key: str, msg: str) -> None:
         logger.warning(msg)
 
 
-class Cached(Dataset):
+def _entry_of(index: Any) -> int | None:
+    """The int an index is cached under: a Python int, a numpy integer, a 0-dim integer CPU
+    tensor (never a bool, a float or a timedelta); None for any other key."""
+    if type(index) is int:
+        return index
+    if isinstance(index, np.integer) and not isinstance(index, np.timedelta64):
+        return int(index)
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and index.device.type == "cpu" and \
+            index.dtype != torch.bool and not index.is_floating_point() and not index.is_complex():
+        return int(index)
+    return None
+
+
+def _is_samples(got: Any, n: int) -> bool:
+    """Whether a ``__getitems__`` result is n samples (a list or tuple of them), not a batch."""
+    return type(got) in (list, tuple) and len(got) == n
+
+
+def _check_max_bytes(max_bytes: Any) -> int:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
+        raise ValueError(f"fastcollate.Cached: max_bytes must be an int >= 0, got {max_bytes!r}")
+    if max_bytes > MAX_BYTES:
+        raise ValueError(f"fastcollate.Cached: max_bytes={int(max_bytes)} is more than a cache can map: at most "
+                         f"MAX_BYTES = 2**46 ({MAX_BYTES} bytes), as the data segment is mapped whole into every "
+                         "process that holds the cache")
+    return int(max_bytes)
+
+
+class Cached(DatasetWrapper, Dataset):
     """``dataset`` with a shared-memory sample cache that DataLoader workers fill in the first
     epoch and all read afterwards; ``transform`` runs after the cache, on every fetch.
 
@@ -162,12 +154,17 @@ class Cached(Dataset):
         transform: ``sample -> sample``, applied after the cache on every ``__getitem__`` (random
             augmentation stays random per epoch).
         max_bytes: the most bytes the cached samples may take (default
-            :func:`default_max_bytes`: half the memory available now); once full, nothing more
-            is inserted and the rest are fetched from ``dataset`` every time.
+            :func:`default_max_bytes`: half the memory available now; at most ``MAX_BYTES``); a
+            sample that does not fit the room left is fetched from ``dataset`` every time, and
+            once the room left is less than a typical sample nothing more is inserted.
 
     Works with torch's and fastcollate's DataLoader, any number of workers, persistent or not,
-    fork, spawn or forkserver; ``stats()`` in the main process counts every worker. The module's
-    docstring (fastcollate.data.cache) says how, and what it costs.
+    fork, spawn or forkserver, either sharing strategy; ``stats()`` in the main process counts
+    every worker. A transparent wrapper: attributes it does not own (anything but ``dataset``,
+    ``transform``, ``max_bytes`` and the cache's handles) are read from and set on ``dataset``.
+    ``copy.copy`` shares the dataset and the cache; ``copy.deepcopy`` copies the dataset and
+    makes a new, empty cache. The module's docstring (fastcollate.data.cache) says how, and what
+    it costs.
 
     >>> import torch, fastcollate
     >>> base = [torch.arange(3) * i for i in range(8)]
@@ -178,27 +175,30 @@ class Cached(Dataset):
     (1, 1, 1)
     """
 
+    # the wrapper's own attributes (fastcollate.data.wrapper): every other one is the dataset's
+    _own_attributes = frozenset({"dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data", *_LOCAL})
+
     def __init__(self, dataset: Any, transform: Callable[[Any], Any] | None = None,
                  max_bytes: int | None = None) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError("fastcollate.Cached: an IterableDataset has no indices to cache by; wrap a map-style "
                             "dataset (one with __getitem__ and __len__)")
         try:
-            n = len(dataset)
+            len(dataset)
         except TypeError as exc:
             raise TypeError(f"fastcollate.Cached: the dataset ({type(dataset).__name__}) has no len(), which "
                             f"sizes the cache's index") from exc
         if transform is not None and not callable(transform):
             raise TypeError(f"fastcollate.Cached: transform must be callable or None, got {type(transform).__name__}")
-        if max_bytes is None:
-            max_bytes = default_max_bytes()
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
-            raise ValueError(f"fastcollate.Cached: max_bytes must be an int >= 0, got {max_bytes!r}")
+        self.max_bytes = _check_max_bytes(default_max_bytes() if max_bytes is None else max_bytes)
         self.dataset = dataset
         self.transform = transform
-        self.max_bytes = int(max_bytes)
+        self._open()
+
+    def _open(self) -> None:
+        """Makes this wrapper's cache: new, empty segments for len(dataset) entries and max_bytes."""
         self.id = uuid.uuid4().hex
-        self.entries = int(n)
+        self.entries = int(len(self.dataset))
         self.ctrl: torch.Tensor | None = None
         self.data: torch.Tensor | None = None
         if _ext._C is None:
@@ -206,23 +206,45 @@ class Cached(Dataset):
                            "sample comes from the dataset", _ext.LOAD_ERROR)
         else:
             C = _ext._C
-            index_bytes = C.cache_ctrl_words(self.entries) * 8
-            self.ctrl = shared_segment(index_bytes, "fastcollate-cache-index").view(torch.int64)
-            self.data = shared_segment(self.max_bytes, "fastcollate-cache")
+            self.ctrl = shared_segment(C.cache_ctrl_words(self.entries) * 8, "fastcollate-cache-index").view(torch.int64)
+            try:
+                self.data = shared_segment(self.max_bytes, "fastcollate-cache")
+            except RuntimeError as exc:
+                raise RuntimeError(f"fastcollate.Cached: could not map a data segment of max_bytes={self.max_bytes} "
+                                   f"bytes ({exc}); give a smaller max_bytes") from exc
             C.cache_init(self.ctrl, self.entries, self.max_bytes)
         _CACHES[self.id] = self
 
-    # -- sharing with workers
+    # -- copies and sharing with workers
+    def __copy__(self) -> "Cached":
+        # a new wrapper (its own transform, its own id) over the same dataset object and the same cache
+        new = type(self).__new__(type(self))
+        new.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in ("_warned", "_batches"))
+        new.__dict__["id"] = uuid.uuid4().hex
+        _CACHES[new.id] = new
+        return new
+
+    def __deepcopy__(self, memo: dict) -> "Cached":
+        # the dataset and the transform copied, and a new, empty cache: the copy's dataset may
+        # diverge from this one's, so it must never be served this one's samples
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            if k not in self._own_attributes or k in ("dataset", "transform", "max_bytes"):
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        new._open()
+        return new
+
     def __reduce__(self):
         from multiprocessing import context
 
         if self.ctrl is not None and context.get_spawning_popen() is not None:
-            # a spawn/forkserver worker being started: the segments travel as torch shares them
-            # (file descriptors); a forked worker inherits them and pickles nothing
-            keys = ("dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data")
-            state = {k: self.__dict__[k] for k in keys}
-            return (_worker_cache, (state,))
-        # a plain copy (pickle, deepcopy) is the same cache where it exists: never a copy of it
+            # a spawn/forkserver worker being started: the segments travel as their memfds, never
+            # through torch's sharing strategy; a forked worker inherits them and pickles nothing
+            state = {k: v for k, v in self.__dict__.items() if k not in _LOCAL}
+            state["ctrl"], state["data"] = send_segment(self.ctrl), send_segment(self.data)
+            return (_worker_cache, (state, type(self)))
+        # a plain pickle is the same wrapper where it exists: never a copy of the cache
         return (_same_cache, (self.id, self.dataset, self.transform, self.max_bytes))
 
     def __repr__(self) -> str:
@@ -237,7 +259,7 @@ class Cached(Dataset):
         return sample if self.transform is None else self._transform(sample)
 
     @property
-    def __getitems__(self) -> Callable[[Sequence[Any]], list[Any]]:
+    def __getitems__(self) -> Callable[[Sequence[Any]], Any]:
         # torch's fetcher calls dataset.__getitems__(indices) when the dataset has one: so does this
         # wrapper, exactly when the wrapped dataset has one
         if getattr(self.dataset, "__getitems__", None) is None:
@@ -260,9 +282,8 @@ class Cached(Dataset):
 
     def _index(self, index: Any) -> int:
         """The entry of ``index``, or -1 for a key that is not cached."""
-        if type(index) is int and 0 <= index < self.entries and self._active():
-            return index
-        return -1
+        i = _entry_of(index)
+        return i if i is not None and 0 <= i < self.entries and self._active() else -1
 
     def _segment(self) -> tuple[np.ndarray, memoryview]:
         seg = self.__dict__.get("_seg")
@@ -291,33 +312,33 @@ class Cached(Dataset):
             claim = C.cache_claim(self.ctrl, i, pid)
         return claim.outcome == C.cache_claims["claimed"]
 
-    def _fetch(self, indices: list[Any], entries: list[int], batched: bool = False) -> list[Any]:
+    def _fetch(self, indices: list[Any], entries: list[int], batched: bool = False) -> Any:
         """The dataset's samples for indices (``batched``: one ``__getitems__`` call, else
-        ``dataset[index]``), each inserted whose entry this process could claim."""
+        ``dataset[index]``), each inserted whose entry this process could claim; or, when
+        ``__getitems__`` returned a batch rather than samples, that batch in a _Batch."""
         pid = os.getpid()
-        claimed = [i >= 0 and self._claim(i, pid) for i in entries]
-        t0 = time.perf_counter_ns()
+        held: dict[int, int] = {}  # position -> entry this call claimed and has not yet published or given up
         try:
-            if not batched:
-                samples = [self.dataset[index] for index in indices]
-            else:
-                samples = list(self.dataset.__getitems__(indices))
-                if len(samples) != len(indices):
-                    raise ValueError(f"fastcollate.Cached: {type(self.dataset).__name__}.__getitems__ returned "
-                                     f"{len(samples)} samples for {len(indices)} indices")
-        except BaseException:
-            for i, c in zip(entries, claimed):
-                if c:
-                    _ext._C.cache_release(self.ctrl, i, pid, 0)
-            raise
-        self._count("misses", len(indices))
-        self._count("fetch_ns", time.perf_counter_ns() - t0)
-        for i, c, sample in zip(entries, claimed, samples):
-            if c:
-                self._insert(i, pid, sample)
-        return samples
+            for p, i in enumerate(entries):
+                if i >= 0 and self._claim(i, pid):
+                    held[p] = i
+            t0 = time.perf_counter_ns()
+            got = self.dataset.__getitems__(indices) if batched else [self.dataset[index] for index in indices]
+            self._count("misses", len(indices))
+            self._count("fetch_ns", time.perf_counter_ns() - t0)
+            if not _is_samples(got, len(indices)):
+                return _Batch(got)  # nothing is cached from a batch
+            for p in list(held):
+                self._insert(held[p], pid, got[p])
+                del held[p]
+            return got
+        finally:  # an exception (a failed fetch, Ctrl-C mid-insert): no entry stays claimed
+            for i in held.values():
+                _ext._C.cache_release(self.ctrl, i, pid, 0)
 
     def _insert(self, i: int, pid: int, sample: Any) -> None:
+        """Publishes sample as entry i (held by pid), or gives the entry up: uncacheable, or refused
+        for want of room. On an exception the caller releases the claim."""
         C = _ext._C
         t0 = time.perf_counter_ns()
         try:
@@ -329,21 +350,29 @@ class Cached(Dataset):
                        f"fastcollate.Cached: sample {i} is not cached ({why}); it is fetched from the dataset every "
                        "time")
             return
-        except BaseException:
-            C.cache_release(self.ctrl, i, pid, 0)
-            raise
         offset = C.cache_reserve(self.ctrl, i, pid, blob.nbytes)
-        if offset < 0:  # full: the claim is released, nothing more will be inserted
-            _warn_once(self, "full", f"fastcollate.Cached: full at {self.max_bytes} bytes (max_bytes); samples not "
-                                     "yet cached will be fetched from the dataset every time")
+        if offset < 0:  # refused for want of room: the entry is marked so, never tried again
+            self._warn_refused(i, blob.nbytes)
             return
-        try:
-            blob.write(self._segment()[0], offset)
-        except BaseException:
-            C.cache_release(self.ctrl, i, pid, 0)
-            raise
+        blob.write(self._segment()[0], offset)
         C.cache_publish(self.ctrl, i, pid, offset, blob.nbytes)
         self._count("insert_ns", time.perf_counter_ns() - t0)
+
+    def _warn_refused(self, i: int, nbytes: int) -> None:
+        words = _ext._C.cache_words
+        header = self.ctrl[:words["header"]].tolist()
+        room, need = self.max_bytes - header[words["top"]], -(-nbytes // ALIGN) * ALIGN
+        said = (f"fastcollate.Cached: sample {i} ({nbytes} bytes serialized, {need} in the cache) does not fit the "
+                f"{room} bytes left of max_bytes={self.max_bytes}")
+        if header[words["full"]]:
+            inserts = max(1, header[words["inserts"]])
+            _warn_once(self, "full", f"{said}, less than a typical cached sample ({header[words['payload']] // inserts} "
+                                     "bytes): the cache is full. Cached samples are still served; no more are "
+                                     "inserted, and the others are fetched from the dataset every time")
+        else:
+            _warn_once(self, "refused", f"{said}: it is not cached and is fetched from the dataset every time; "
+                                        "smaller samples are still inserted (stats()['refused_full'] counts the "
+                                        "samples refused so)")
 
     def _get(self, index: Any) -> Any:
         i = self._index(index)
@@ -351,26 +380,45 @@ class Cached(Dataset):
             sample = self._read(i)
             if sample is not _MISS:
                 return sample
-        elif self.ctrl is None or disabled():
+        elif not self._active():
             return self.dataset[index]
         return self._fetch([index], [i])[0]
 
-    def _getitems(self, indices: Sequence[Any]) -> list[Any]:
-        indices = list(indices)
-        out: list[Any] = [_MISS] * len(indices)
-        entries = [self._index(index) for index in indices]
+    def _getitems(self, indices: Sequence[Any]) -> Any:
+        if not self._active() or self.__dict__.get("_batches"):  # passed through
+            got = self.dataset.__getitems__(indices)
+            return self._batch(got) if not _is_samples(got, len(indices)) else self._transformed(list(got))
+        keys = list(indices)
+        out: list[Any] = [_MISS] * len(keys)
+        entries = [self._index(k) for k in keys]
         for p, i in enumerate(entries):
             if i >= 0:
                 out[p] = self._read(i)
         missing = [p for p, s in enumerate(out) if s is _MISS]
         if missing:
-            if self.ctrl is None or disabled():
-                fetched = list(self.dataset.__getitems__([indices[p] for p in missing]))
-            else:
-                fetched = self._fetch([indices[p] for p in missing], [entries[p] for p in missing], batched=True)
+            fetched = self._fetch([keys[p] for p in missing], [entries[p] for p in missing], batched=True)
+            if isinstance(fetched, _Batch):  # the dataset returns batches: never cached, passed through
+                self.__dict__["_batches"] = True
+                return self._batch(fetched.batch if len(missing) == len(keys) else self.dataset.__getitems__(indices))
             for p, sample in zip(missing, fetched):
                 out[p] = sample
-        return out if self.transform is None else [self._transform(s) for s in out]
+        return self._transformed(out)
+
+    def _transformed(self, samples: list[Any]) -> list[Any]:
+        return samples if self.transform is None else [self._transform(s) for s in samples]
+
+    def _batch(self, batch: Any) -> Any:
+        """A batch the dataset's ``__getitems__`` returned (not a list of samples), as torch would
+        hand it to the collate_fn; a per-sample transform cannot apply to it."""
+        name = type(self.dataset).__name__
+        if self.transform is not None:
+            raise TypeError(f"fastcollate.Cached: {name}.__getitems__ returned a batch ({type(batch).__name__}), not "
+                            f"a list of samples, and transform= applies to one sample; apply it in the dataset or "
+                            "the collate_fn, or wrap a dataset whose __getitems__ returns a list of samples")
+        _warn_once(self, "batches", f"fastcollate.Cached: {name}.__getitems__ returns a batch "
+                                    f"({type(batch).__name__}), not a list of samples: its batches are passed "
+                                    "through as they are and nothing is cached from them")
+        return batch
 
     # -- measuring
     def stats(self) -> dict[str, Any]:
@@ -413,8 +461,6 @@ class Cached(Dataset):
         >>> e["cacheable"], e["bytes_per_sample"] > 4000
         (4, True)
         """
-        from .cache_codec import ALIGN
-
         samples = list(samples)
         cacheable = []
         for s in samples:
@@ -446,8 +492,17 @@ class Cached(Dataset):
                 "read_s_per_sample": statistics.median(reads) / k}
 
 
-def _worker_cache(state: dict[str, Any]) -> Cached:
-    cache = Cached.__new__(Cached)
+class _Batch:
+    """What _fetch returns when the dataset's ``__getitems__`` gave a batch, not samples."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+
+def _worker_cache(state: dict[str, Any], cls: type = None) -> Cached:
+    cache = (cls or Cached).__new__(cls or Cached)
     cache.__dict__.update(state)
     return _CACHES.setdefault(cache.id, cache)
 

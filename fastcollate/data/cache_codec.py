@@ -14,7 +14,10 @@ only the bytes it spans.
   which keeps them (and stores its whole storage).
 * Anything else: pickle's own reductions -- the same types, values and order as ``pickle.loads(
   pickle.dumps(x))`` gives (floats bit for bit, NaN payloads included; an object that appears twice
-  comes back as one object).
+  comes back as one object). Buffers other reductions offer out of band (pyarrow arrays and
+  tables, ``pickle.PickleBuffer``, PEP 574 classes) are kept in band, as a plain pickle keeps them:
+  they come back over new bytes (a read-only buffer) or a new bytearray (a writable one) -- a
+  ``PickleBuffer`` itself comes back as that bytes or bytearray, as pickle gives it.
 * Refused -- the sample is then never cached, it is fetched from the dataset every time --:
   sparse, quantized, nested, named, non-CPU and non-leaf ``requires_grad`` tensors, ndarray
   subclasses (a memmap row: its file and mode would not come back) and object arrays (their
@@ -22,7 +25,10 @@ only the bytes it spans.
 
 Two views of one storage come back as two tensors with their own memory (what each holds is equal;
 a write into one no longer shows in the other). Every read makes new objects: a transform that
-changes a sample in place never changes what is cached.
+changes a sample in place never changes what is cached. Only our own tensor and ndarray buffers
+are stored out of band, and ``decode`` hands them to their reconstructors read-only; those copy
+them into new memory, so no object that comes back is a view of the cache (tests/
+test_cache_isolation.py changes every hit in place and reads again).
 
 An entry's bytes (offsets relative to its start, little-endian int64; buffers 64-byte aligned):
 ``[n buffers][pickle length][n x (buffer offset, buffer length)][pickle][buffers...]``.
@@ -32,7 +38,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -54,7 +60,7 @@ def _tensor_span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
-def _reduce_tensor(t: torch.Tensor) -> Any:
+def _reduce_tensor(t: torch.Tensor, own: Callable[[Any], pickle.PickleBuffer]) -> Any:
     if t.layout != torch.strided or t.is_quantized or t.is_nested:
         raise Uncacheable(f"a {t.layout} tensor{' (quantized)' if t.is_quantized else ''}")
     if t.device.type != "cpu":
@@ -75,7 +81,7 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     raw = base.as_strided((span,), (1,), base.storage_offset()).view(torch.uint8) if span else \
         torch.empty(0, dtype=torch.uint8)
     flags = (bool(t.requires_grad), conj, neg, t.is_inference())
-    return _tensor, (pickle.PickleBuffer(raw.numpy()), t.dtype, tuple(t.shape), tuple(t.stride()), flags)
+    return _tensor, (own(raw.numpy()), t.dtype, tuple(t.shape), tuple(t.stride()), flags)
 
 
 class _Raw:
@@ -95,7 +101,7 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _reduce_ndarray(a: np.ndarray) -> Any:
+def _reduce_ndarray(a: np.ndarray, own: Callable[[Any], pickle.PickleBuffer]) -> Any:
     if a.dtype.hasobject:
         raise Uncacheable(f"a numpy array of {a.dtype} (holds Python objects)")
     item = a.dtype.itemsize
@@ -115,16 +121,41 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
         order = "F"
     else:
         order = ""
-    return _ndarray, (pickle.PickleBuffer(raw), a.dtype, shape, strides, -lo, order, bool(a.flags.writeable))
+    return _ndarray, (own(raw), a.dtype, shape, strides, -lo, order, bool(a.flags.writeable))
 
 
 class _Pickler(pickle.Pickler):
+    """Protocol 5 with our reductions. Only the buffers our own reductions make go out of band
+    (into the entry, read back by ``_tensor``/``_ndarray``, which copy); every other buffer a
+    reduction offers (a pyarrow buffer, a ``pickle.PickleBuffer``, a PEP 574 class) stays in
+    band, so that reading it back makes new bytes or bytearrays, as a plain pickle does, and
+    never a view of the cache."""
+
+    def __init__(self, file: io.BytesIO, buffers: list[memoryview]) -> None:
+        own: dict[int, pickle.PickleBuffer] = {}  # id -> our buffer (held: ids stay unique)
+
+        def out_of_band(buf: pickle.PickleBuffer) -> bool:
+            if own.get(id(buf)) is not buf:
+                return True  # in band: pickled (and unpickled) as bytes or a bytearray, a copy
+            buffers.append(buf.raw())
+            return False
+
+        # a closure, not a bound method: no reference cycle keeps the pickler's memo (and the
+        # buffers its objects export) alive after the sample is encoded
+        super().__init__(file, protocol=5, buffer_callback=out_of_band)
+        self._own = own
+
+    def _own_buffer(self, raw: Any) -> pickle.PickleBuffer:
+        buf = pickle.PickleBuffer(raw)
+        self._own[id(buf)] = buf
+        return buf
+
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is np.ndarray:
-            return _reduce_ndarray(obj)
+            return _reduce_ndarray(obj, self._own_buffer)
         if isinstance(obj, torch.Tensor):
-            return _reduce_tensor(obj)
+            return _reduce_tensor(obj, self._own_buffer)
         if isinstance(obj, np.ndarray):
             raise Uncacheable(f"a {kind.__module__}.{kind.__qualname__} (an ndarray subclass)")
         return NotImplemented
@@ -159,18 +190,20 @@ def encode(sample: Any) -> Encoded:
     """The sample's entry; raises Uncacheable (or pickle's own error) when it cannot be stored."""
     buffers: list[memoryview] = []
     out = io.BytesIO()
-    _Pickler(out, protocol=5, buffer_callback=lambda b: buffers.append(b.raw())).dump(sample)
+    _Pickler(out, buffers).dump(sample)
     return Encoded(out.getvalue(), buffers)
 
 
 # ---- reading --------------------------------------------------------------------------------------
 
 def decode(view: memoryview, offset: int) -> Any:
-    """The sample whose entry starts at offset of view (the data segment's bytes): new objects."""
+    """The sample whose entry starts at offset of view (the data segment's bytes): new objects.
+    The out-of-band buffers are all our own reductions' (see _Pickler), whose reconstructors copy
+    out of them; they are handed over read-only, so nothing can write the cache through them."""
     nbuf, plen = _HEAD.unpack_from(view, offset)
     table = struct.unpack_from(f"<{2 * nbuf}q", view, offset + _HEAD.size) if nbuf else ()
     start = offset + _HEAD.size + 16 * nbuf
-    buffers = [view[offset + table[2 * k]:offset + table[2 * k] + table[2 * k + 1]] for k in range(nbuf)]
+    buffers = [view[offset + table[2 * k]:offset + table[2 * k] + table[2 * k + 1]].toreadonly() for k in range(nbuf)]
     return pickle.loads(view[start:start + plen], buffers=buffers)
 
 
