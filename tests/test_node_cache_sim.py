@@ -82,3 +82,10 @@ def test_the_docs_tables_are_what_the_simulation_computes():
     rows = sim.simulate(n, 4, 2, [1.0, 0.5, 0.25], epochs, seed)
     for line in sim.cache_table(rows)[2:]:
         assert line in page, f"the docs' table is out of date (regenerate it with its command): {line}"
+
+
+def test_the_node_page_quotes_the_generated_tables_row_for_row():
+    generated = open(os.path.join(ROOT, "docs", "benchmarks", "node_cache.md")).read().splitlines()
+    quoted = [line for line in open(os.path.join(ROOT, "docs", "node.md")).read().splitlines()
+              if re.match(r"\| \d", line)]
+    assert quoted and [line for line in quoted if line not in generated] == []
