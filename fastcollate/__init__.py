@@ -19,6 +19,7 @@ from .device.prefetcher import CudaPrefetcher
 from .loader.ring import RingCollator
 from .loader.release import release_after
 from .data.sampler import LengthGroupedSampler, padding_fraction
+from .data.node_sampler import NodeAffineSampler
 from .training.loop import EpochStats, train_one_epoch
 from .training.tune import TuneResult, tune_loader
 from .training.doctor import Diagnosis, doctor
@@ -56,6 +57,7 @@ __all__ = [
     "EpochStats",
     "Gathered",
     "LengthGroupedSampler",
+    "NodeAffineSampler",
     "Ragged",
     "RingCollator",
     "StallMonitor",
