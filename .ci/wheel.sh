@@ -16,7 +16,11 @@ trap 'rm -rf "$work"' EXIT
 
 python -m pip install -q build
 # --no-isolation: the build uses the torch installed here (an isolated env would fetch a CUDA torch)
-python -m build --no-isolation --outdir "$work/dist" . > "$work/build.log" 2>&1 || { tail -60 "$work/build.log"; exit 1; }
+# run from elsewhere: in the checkout, the editable install's build/ folder would be imported as the
+# `build` package (a namespace package shadows the installed one: "No module named build.__main__")
+repo=$(pwd)
+(cd "$work" && python -m build --no-isolation --outdir "$work/dist" "$repo") > "$work/build.log" 2>&1 \
+  || { tail -60 "$work/build.log"; exit 1; }
 grep "^fastcollate build" "$work/build.log" | sort -u || true
 sdist=$(ls "$work"/dist/*.tar.gz) wheel=$(ls "$work"/dist/*.whl)
 echo "wheel: built $(basename "$sdist") and $(basename "$wheel") ($((SECONDS - start)) s)"

@@ -349,11 +349,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--budget must be > 0 seconds, got {args.budget}")
     if args.epochs < 1:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.ranks is not None and args.ranks < 1:
+        raise CliError(f"--ranks must be >= 1, got {args.ranks}")
     workers = _workers_list(args.workers)
     _dataset_needs(args.dataset)
     ds = args.loaded_dataset = _load_dataset(args.dataset)
     res = tune_loader(ds, args.batch_size, budget_s=args.budget, num_workers=workers, epochs=args.epochs,
-                      progress=True)
+                      progress=True, ranks=args.ranks)
     print(res.format())
     print(res.verdict())
     if args.json:
@@ -395,6 +397,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}")
     if args.workers is not None and args.workers < 0:
         raise CliError(f"--workers must be >= 0, got {args.workers}")
+    if args.budget is not None and not args.budget > 0:
+        raise CliError(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.ranks is not None and args.ranks < 1:
+        raise CliError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.fix and args.predict_only:
+        raise CliError("--fix and --predict-only contradict each other: the doctor proves its proposal unless "
+                       "--predict-only")
     kwargs = _loader_kwargs(args) if args.dataset else {}
     for path in (args.trace, args.plot, args.json):
         if path:
@@ -429,8 +438,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         ds = args.loaded_dataset = _load_dataset(args.dataset)
         try:
-            d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader, verify=args.fix,
-                       budget_s=args.budget, trace=args.trace, plot=args.plot,
+            d = doctor(ds, batch_size=args.batch_size, epochs=args.epochs, loader=args.loader,
+                       verify=not args.predict_only, budget_s=args.budget, files_static=args.files_static,
+                       ranks=args.ranks, trace=args.trace, plot=args.plot,
                        progress=lambda m: _progress(f"doctor: {m}"), **kwargs)
         except LoaderArgumentsError as exc:
             raise CliError(f"--loader-kwargs: {str(exc).removeprefix('fastcollate.doctor: ')}") from None
@@ -491,9 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", help="comma-separated worker counts to try, more than the cores allowed (marked); "
                         "default: 0,1,2,4,... up to twice the usable cores")
     t.add_argument("--epochs", type=int, default=1, help="whole epochs per measured run (a new loader each)")
+    t.add_argument("--ranks", type=int,
+                   help="processes of your job on this node, sharing its cores (default: LOCAL_WORLD_SIZE)")
     t.add_argument("--json", metavar="PATH")
     t.set_defaults(fn=cmd_tune)
-    d = sub.add_parser("doctor", help="environment report; with --dataset: diagnose, propose and (--fix) prove the fix")
+    d = sub.add_parser("doctor", help="environment report; with --dataset: diagnose, propose and prove the fix")
     d.add_argument("--dataset",
                    help="module:attr of your map-style Dataset, a Dataset class (made with no arguments) or a factory")
     d.add_argument("--batch-size", type=int, default=32)
@@ -503,9 +515,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the loader you use now: torch's DataLoader or fastcollate.DataLoader")
     d.add_argument("--workers", type=int, help="shorthand for num_workers in --loader-kwargs")
     d.add_argument("--epochs", type=int, default=2, help="whole epochs per run (more shows the start-up and the cache)")
-    d.add_argument("--fix", action="store_true",
-                   help="apply the proposal and prove it: measure it against your settings, alternating rounds")
-    d.add_argument("--budget", type=float, help="seconds for the measuring rounds (default: as many as needed, <= 4)")
+    d.add_argument("--predict-only", action="store_true",
+                   help="predict only: do not run the proposal against your settings (by default it is proven, "
+                        "alternating rounds, as fastcollate.doctor does)")
+    d.add_argument("--fix", action="store_true", help=argparse.SUPPRESS)  # the old opt-in to proving: now the default
+    d.add_argument("--budget", type=float,
+                   help="seconds for the whole diagnosis, kept within 20%% (default: as long as the epochs take)")
+    d.add_argument("--files-static", action="store_true",
+                   help="the files your dataset reads do not change while it trains: a dataset proven "
+                        "deterministic that reads files may then be cached")
+    d.add_argument("--ranks", type=int,
+                   help="processes of your job on this node, sharing its cores and memory (default: LOCAL_WORLD_SIZE)")
     d.add_argument("--json", metavar="PATH", help="also write the diagnosis as JSON")
     d.add_argument("--trace", metavar="PATH.json", help="write the traced run of your settings as a Chrome trace")
     d.add_argument("--plot", metavar="PATH.png", help="draw the traced run: timeline and stages (needs matplotlib)")

@@ -90,10 +90,11 @@ def test_doctor():
     assert "compiled backend" in r.stdout and "cpp" in r.stdout and "-bound" in r.stdout
 
 
-def test_doctor_with_a_dataset_proposes_and_fixes(tmp_path):
+def test_doctor_with_a_dataset_proposes_and_proves_by_default(tmp_path):
+    # the CLI proves as the API does (verify=True): no flag needed
     trace, png, out = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "d.json"
     r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--loader-kwargs", '{"num_workers": 2}',
-            "--epochs", "1", "--fix", "--json", str(out), "--trace", str(trace), "--plot", str(png))
+            "--epochs", "1", "--json", str(out), "--trace", str(trace), "--plot", str(png))
     assert r.returncode == 0, r.stderr
     assert "your settings" in r.stdout and "proposal" in r.stdout and "bottleneck:" in r.stdout
     assert "measured" in r.stdout and "/dev/shm" in r.stdout
@@ -106,10 +107,26 @@ def test_doctor_with_a_dataset_proposes_and_fixes(tmp_path):
     assert any(e.get("name") == "fetch" for e in events) and png.stat().st_size > 10_000
 
 
-def test_doctor_predicts_only_without_fix():
-    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--workers", "0", "--epochs", "1")
+def test_doctor_predicts_only_when_asked(tmp_path):
+    out = tmp_path / "d.json"
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", "--batch-size", "16", "--workers", "0", "--epochs", "1",
+            "--predict-only", "--ranks", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "bottleneck:" in r.stdout and "predicted" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["proposal"]["measured_samples_per_s"] is None
+    assert d["node"]["ranks"] == 2 and "local 0 of 2" in r.stdout
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--budget", "-1"], "--budget must be > 0"),
+    (["--budget", "0"], "--budget must be > 0"),
+    (["--ranks", "0"], "--ranks must be >= 1"),
+    (["--fix", "--predict-only"], "contradict"),
+])
+def test_doctor_refuses_bad_options_in_one_line(argv, words):
+    r = run("doctor", "--dataset", "cli_dataset:DATASET", *argv)
+    assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_doctor_names_the_dataset_stage_of_an_image_folder():

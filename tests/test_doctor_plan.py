@@ -173,3 +173,30 @@ def test_copy_on_write_growth_is_named_relative_to_the_worker(growth, private, n
     mem = WorkerMemory()
     mem.first, mem.last = {1: private}, {1: private + growth}
     assert (mem.report()["finding"] == "copy_on_write") is named, mem.report()
+
+
+def test_files_the_main_process_holds_open_are_not_the_datasets(tmp_path):
+    # forked workers inherit the caller's open files (a log, pytest's capture): the proof must not
+    # read them as files the dataset reads, which would make a deterministic dataset conditional
+    from fastcollate.training import doctor_proof
+
+    held = open(tmp_path / "held.log", "w")
+    try:
+        proof = doctor_proof.prove(dd.Expensive(n=32, per_sample=1e-5), {"num_workers": 2}, 8, workers=2,
+                                   allowed_s=30.0, use_workers=True, seed=0, say=lambda m: None)
+        assert proof.verdict == "proven" and not proof.files and not proof.reads_files, proof
+    finally:
+        held.close()
+
+
+def test_private_growth_without_a_drop_in_shared_pages_is_not_copy_on_write():
+    # a JPEG decoder's buffers grow a worker's private memory and leave what it shares with its
+    # parent alone: not copy-on-write; pages that stop being shared as private grows are
+    from fastcollate.training.memory import WorkerMemory
+
+    mem = WorkerMemory()
+    mem.first, mem.last = {1: 60.0}, {1: 100.0}
+    mem.shared_first, mem.shared_last = {1: 200.0}, {1: 199.0}
+    assert mem.report()["finding"] is None and mem.report()["growth_mb"] == 1.0
+    mem.shared_last = {1: 160.0}
+    assert mem.report()["finding"] == "copy_on_write" and mem.report()["growth_mb"] == 40.0

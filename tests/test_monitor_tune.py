@@ -2,6 +2,7 @@
 virtual clock (tests/virtual_clock.py): the sleeps below move that clock and take no time, so a
 busy machine cannot turn "data-bound" into "compute-bound". What the monitor costs per step is a
 speed: benchmarks/bench_monitor.py."""
+import json
 import time
 import weakref
 
@@ -374,3 +375,42 @@ def test_a_run_of_a_few_milliseconds_is_repeated_with_a_new_loader_until_it_is_l
     slow = measure.run_epochs(lambda: (made.append(1), DataLoader(Slow(8, 0.01, clock.sleep), batch_size=4))[1], 1,
                               min_s=0.05)
     assert len(made) == 1 and slow.samples == 8 and slow.wall_s == pytest.approx(0.08)
+
+
+def test_tune_plans_with_this_ranks_share_of_the_node(monkeypatch):
+    # two ranks on a node of 2 cores: each may plan with 1; the grid and the verdict say so
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "3")
+    from fastcollate.tuning import node
+
+    monkeypatch.setattr(node, "affinity_cores", lambda: 2)
+    monkeypatch.setattr(tune, "usable_cores", lambda: 2)
+    res = fastcollate.tune_loader(list(range(64)), 16, budget_s=30, num_workers=[0, 1, 2], prefetch_factors=(2,),
+                                  loaders=["torch"], progress=False)
+    assert res.cores == 1 and res.node["ranks"] == 2 and res.to_dict()["node"]["local_rank"] == 1
+    marked = {r["num_workers"] for r in res.table if r["note"]}
+    assert marked == {2}, res.table
+    assert "per rank, for 2 ranks on this node" in res.verdict()
+    with pytest.raises(ValueError, match="ranks must be an int >= 1"):
+        fastcollate.tune_loader(list(range(8)), 4, ranks=0, progress=False)
+
+
+def test_reports_and_traces_name_the_rank_under_a_launcher(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "5")
+    mon = fastcollate.StallMonitor(trace=True)
+    for _ in mon.wrap(DataLoader(list(range(8)), batch_size=4)):
+        pass
+    r = mon.report()
+    assert r["measured_by"] == "rank 5 (local 1 of 2 on this node)"
+    assert mon.format(r).startswith("rank 5 (local 1 of 2 on this node): ")
+    trace = json.loads(open(mon.save_trace(str(tmp_path / "t.json"))).read())
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+    assert names and all(n.startswith("rank 5 ") for n in names)
+    assert trace["otherData"]["fastcollate"]["measured_by"].startswith("rank 5")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("RANK")
+    assert "measured_by" not in mon.report()

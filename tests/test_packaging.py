@@ -12,9 +12,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def _build_installed() -> bool:
+    # the checkout's build/ folder (an editable install's objects) is found as a namespace package
+    # named `build` (origin None): only a real one counts
+    spec = importlib.util.find_spec("build")
+    return spec is not None and spec.origin is not None
+
 pytestmark = [
     pytest.mark.skipif(not os.path.isfile(os.path.join(ROOT, "setup.py")), reason="needs the checkout (setup.py)"),
-    pytest.mark.skipif(importlib.util.find_spec("build") is None, reason="needs `pip install build`"),
+    pytest.mark.skipif(not _build_installed(), reason="needs `pip install build`"),
 ]
 
 
@@ -26,8 +33,8 @@ def test_the_sdist_holds_what_the_build_needs(tmp_path):
         ".git", ".venv", "*.egg-info", "build", "build-cmake", "dist", "__pycache__", ".hypothesis", ".pytest_cache", ".benchmarks"))
     # --no-isolation: setup.py imports the torch installed here (an isolated env would fetch one)
     r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path), str(src)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)  # not the checkout: its build/
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]                # folder would shadow the package
     (sdist,) = [p for p in os.listdir(tmp_path) if p.endswith(".tar.gz")]
     with tarfile.open(tmp_path / sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}

@@ -271,6 +271,9 @@ def worker_pass(dataset: Any, indices: Sequence[Any], batches: list[list[int]], 
     t0 = time.perf_counter()
     read = fetched = 0
     files: list[str] = []
+    # a forked worker inherits every file this process holds open (a log, a test runner's
+    # capture file): only what the workers opened themselves says the dataset reads files
+    inherited = set(open_files(os.getpid()))
     with seeded(seed):
         loader = tud.DataLoader(dataset, batch_sampler=[[indices[p] for p in b] for b in batches],
                                 num_workers=workers, collate_fn=digests, **kw)
@@ -284,7 +287,7 @@ def worker_pass(dataset: Any, indices: Sequence[Any], batches: list[list[int]], 
                 fetched += len(b)
             if k == len(batches) - 1 and r0:  # before StopIteration ends the workers, and their counts
                 read = sum(v - r0[p] for p in r0 if (v := _rchar(p)) is not None)
-                files = sorted({f for p in r0 for f in open_files(p)})
+                files = sorted({f for p in r0 for f in open_files(p)} - inherited)
         del it, loader
     seconds = time.perf_counter() - t0
     for res in out.values():

@@ -23,17 +23,25 @@ COW_MB = 16.0
 def private_mb(pid: int) -> float | None:
     """The pages a process holds on its own (private clean + dirty, swap too), in MB; None when
     the process is gone or the kernel does not say."""
+    sizes = _rollup(pid)
+    return None if sizes is None else sizes[0]
+
+
+def _rollup(pid: int) -> tuple[float, float] | None:
+    """(private MB, shared MB) of a process from smaps_rollup."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             text = f.read()
     except OSError:
         return None
-    total = 0
+    private = shared = 0
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         if key in ("Private_Clean", "Private_Dirty", "Swap"):
-            total += int(rest.split()[0])  # kB
-    return total / 1024
+            private += int(rest.split()[0])  # kB
+        elif key in ("Shared_Clean", "Shared_Dirty"):
+            shared += int(rest.split()[0])
+    return private / 1024, shared / 1024
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -67,21 +75,36 @@ class WorkerMemory:
     def __init__(self) -> None:
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
+        # the pages each worker shares with its parent, first and last: copy-on-write turns shared
+        # pages private, so they drop as private memory grows; a worker's own allocations (a JPEG
+        # decoder's buffers, its batches) grow private memory and leave the shared pages alone
+        self.shared_first: dict[int, float] = {}
+        self.shared_last: dict[int, float] = {}
 
     def sample(self, pids: Iterable[int]) -> None:
         for pid in pids:
-            mb = private_mb(pid)
-            if mb is None:
+            sizes = _rollup(pid)
+            if sizes is None:
                 continue
-            self.first.setdefault(pid, mb)
-            self.last[pid] = mb
+            self.first.setdefault(pid, sizes[0])
+            self.last[pid] = sizes[0]
+            self.shared_first.setdefault(pid, sizes[1])
+            self.shared_last[pid] = sizes[1]
+
+    def _copied(self, pid: int) -> float:
+        """MB worker ``pid`` copied from its parent: its private growth, at most what it stopped
+        sharing (where that was measured)."""
+        growth = self.last[pid] - self.first[pid]
+        if pid in self.shared_first and pid in self.shared_last:
+            growth = min(growth, self.shared_first[pid] - self.shared_last[pid])
+        return growth
 
     def report(self, threshold_mb: float = COW_MB) -> dict[str, object]:
         """``{"workers_private_mb": [...], "growth_mb": float, "finding": "copy_on_write" | None}``:
-        the last private size of each worker, their mean growth, and "copy_on_write" when a
-        worker grew by more than ``threshold_mb``."""
+        the last private size of each worker, their mean growth by copying their parent's pages,
+        and "copy_on_write" when a worker copied more than ``threshold_mb``."""
         pids = sorted(self.last)
-        growth = [self.last[p] - self.first[p] for p in pids]
+        growth = [self._copied(p) for p in pids]
         mean = sum(growth) / len(growth) if growth else 0.0
         return {"workers_private_mb": [round(self.last[p], 1) for p in pids], "growth_mb": round(mean, 1),
                 "finding": "copy_on_write" if growth and max(growth) > threshold_mb else None}

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .. import _trace
+from ..tuning import node
 from . import diagnosis, trace_export
 from .diagnosis import DATA_BOUND_FRACTION
 
@@ -200,6 +201,9 @@ class StallMonitor:
             out.update(bottleneck=_untraced_bottleneck(verdict), stages={}, workers=[], queue={}, findings=[],
                        errors={})
         out["ring"] = _ring_stats(self._loader)
+        label = node.rank_label()
+        if label is not None:  # under a launcher every rank writes a report: which one this is
+            out["measured_by"] = label
         if distributed:
             out.update(_gather_ranks(self.wait_s, wall))
         return out
@@ -214,7 +218,8 @@ class StallMonitor:
         """Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): a track
         per worker process, the main thread, the prefetch thread and the device stream."""
         tracer = self._traced()
-        events = trace_export.chrome_events(list(tracer.records.values()), os.getpid(), tracer.t0)
+        events = trace_export.chrome_events(list(tracer.records.values()), os.getpid(), tracer.t0,
+                                            node.rank_label())
         return trace_export.save_chrome(path, events, self.report())
 
     def plot(self, path: str, title: str = "fastcollate trace") -> str:
@@ -233,7 +238,8 @@ class StallMonitor:
     @staticmethod
     def format(r: dict[str, Any]) -> str:
         """A report() dict as text."""
-        lines = [f"{r['verdict']}: {r['steps']} steps in {r['wall_s']:.2f}s; waiting for data "
+        lines = [("" if not r.get("measured_by") else f"{r['measured_by']}: ") +
+                 f"{r['verdict']}: {r['steps']} steps in {r['wall_s']:.2f}s; waiting for data "
                  f"{100 * r['data_wait_fraction']:.0f}%, H2D {100 * r['h2d_fraction']:.0f}%, compute "
                  f"{r['compute_s']:.2f}s ({r['compute_source']}), device idle {100 * r['gpu_idle_fraction']:.0f}%"]
         if r.get("bottleneck"):

@@ -13,9 +13,11 @@ _PREFETCH_STAGES = ("transfer",)
 GPU_PID = 0  # a pseudo-process for the device stream's lagged CUDA times
 
 
-def chrome_events(records: list[Any], main_pid: int, t0: float) -> list[dict[str, Any]]:
+def chrome_events(records: list[Any], main_pid: int, t0: float, rank: str | None = None) -> list[dict[str, Any]]:
     """Complete ("X") events, microseconds from the trace's start, one track per worker process,
-    the main thread, the prefetch thread and the device stream; args carry the batch id."""
+    the main thread, the prefetch thread and the device stream; args carry the batch id. ``rank``
+    (a launcher's rank, in words) prefixes the process names: traces of several ranks opened
+    together stay apart."""
     events: list[dict[str, Any]] = []
     names = {(main_pid, 1): "main thread", (main_pid, 2): "prefetch thread", (GPU_PID, 1): "device stream"}
 
@@ -49,6 +51,8 @@ def chrome_events(records: list[Any], main_pid: int, t0: float) -> list[dict[str
     for (pid, tid), name in names.items():
         proc = ("GPU" if pid == GPU_PID else "main process" if pid == main_pid else
                 f"worker {name.split()[-1]} (pid {pid})")
+        if rank:
+            proc = f"{rank}: {proc}"
         meta.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": proc}})
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
     return meta + sorted(events, key=lambda e: e["ts"])
@@ -59,7 +63,8 @@ def save_chrome(path: str, events: list[dict[str, Any]], report: dict[str, Any])
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"fastcollate: cannot write the trace to {path!r}: {directory} does not exist")
     payload = {"traceEvents": events, "displayTimeUnit": "ms",
-               "otherData": {"fastcollate": {k: report[k] for k in ("bottleneck", "verdict", "steps") if k in report}}}
+               "otherData": {"fastcollate": {k: report[k] for k in ("bottleneck", "verdict", "steps", "measured_by")
+                                              if k in report}}}
     try:
         with open(path, "w") as f:
             json.dump(payload, f)

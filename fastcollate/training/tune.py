@@ -43,7 +43,8 @@ class TuneResult:
     batch_size: int = 1
     rounds: int = 0  # rounds the chosen setting was measured
     kind: str = ""  # the chosen loader among LOADERS ("" in results made before it was recorded: from loader_kind)
-    cores: int = 0  # the usable cores the rows with more workers are marked against
+    cores: int = 0  # the usable cores (this rank's share of the node's) the rows with more workers are marked against
+    node: dict[str, Any] = dataclasses.field(default_factory=dict)  # fastcollate.tuning.node.NodeShare, as a dict
 
     def loader(self, dataset: Any, **overrides: Any) -> Any:
         """A loader over ``dataset`` with the chosen settings."""
@@ -78,6 +79,10 @@ class TuneResult:
         name = f"{self.loader_name()}, num_workers={top.get('num_workers')}"
         if top.get("num_workers", 0) > self.cores > 0:
             name += f" (more workers than the {self.cores} usable cores)"
+        if self.node.get("ranks", 1) > 1:
+            # every rank of the node runs its loader at once: the rows were planned for this rank's share
+            name += (f" -- per rank, for {self.node['ranks']} ranks on this node (this one's share: "
+                     f"{self.cores} cores; measured alone, so run it beside the others to confirm)")
         measured = [r for r in self.table if r.get("samples_per_s")]
         if self.table and len(measured) == 1:
             failed = sum(r["status"].startswith("error") for r in self.table)
@@ -101,7 +106,7 @@ class TuneResult:
         best = {k: (("fastcollate.collate" if v is fast_collate else repr(v)) if callable(v) else v)
                 for k, v in self.best.items()}
         return {"best": best, "loader": self.loader_kind, "kind": self.kind, "loader_name": self.loader_name(),
-                "usable_cores": self.cores, "table": self.table, "tied": self.tied}
+                "usable_cores": self.cores, "node": self.node, "table": self.table, "tied": self.tied}
 
 
 def _candidates(num_workers: Sequence[int] | None, cores: int) -> list[int]:
@@ -135,7 +140,8 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
                 budget_s: float = 60.0, num_workers: Sequence[int] | None = None,
                 prefetch_factors: Sequence[int] = (2, 4), pin_memory: Sequence[bool] | None = None,
                 compare_default: bool = True, loaders: Sequence[str] | None = None, epochs: int = 1,
-                progress: bool = True, shuffle: bool = False, warmup_batches: int | None = None) -> TuneResult:
+                progress: bool = True, shuffle: bool = False, warmup_batches: int | None = None,
+                ranks: int | None = None) -> TuneResult:
     """Measure num_workers x prefetch_factor x loader (torch's with default_collate or
     fastcollate.collate, fastcollate.DataLoader), each setting for ``epochs`` whole epochs of a
     new loader, in alternating rounds within ``budget_s``; report samples/s with its spread and
@@ -143,6 +149,9 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
     spread, the one of those with the fewest workers.
 
     ``collate_fn``: your own collate (then only torch's loader with it is measured).
+    ``ranks``: the processes of your job on this node (default: ``LOCAL_WORLD_SIZE`` under
+    torchrun), which share its cores: the default grid and the rows marked "more workers than
+    the cores" use this rank's share (fastcollate.tuning.node), and the verdict says so.
     ``res.loader(dataset)`` makes the chosen loader; ``res.best`` holds its keyword arguments.
 
     >>> import torch, fastcollate
@@ -157,7 +166,12 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
         raise ValueError(f"tune_loader: budget_s must be > 0, got {budget_s}")
     if epochs < 1:
         raise ValueError(f"tune_loader: epochs must be >= 1, got {epochs}")
-    cores = usable_cores()
+    from ..tuning import node as node_share
+
+    if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1):
+        raise ValueError(f"tune_loader: ranks must be an int >= 1, got {ranks!r}")
+    share = node_share.share(ranks=ranks)
+    cores = min(usable_cores(), share.cores)
     workers = _candidates(num_workers, cores)
     if not workers or workers[0] < 0:
         raise ValueError(f"tune_loader: num_workers must list counts >= 0, got {num_workers!r}")
@@ -241,7 +255,7 @@ def tune_loader(dataset: Dataset, batch_size: int, *, collate_fn: Callable | Non
         best["shuffle"] = True
     return TuneResult(best=best, table=table, loader_kind="fastcollate" if pick["loader"] == "fastcollate" else "torch",
                       tied=tied if len(tied) > 1 else [], batch_size=batch_size, rounds=pick["rounds"],
-                      kind=pick["loader"], cores=cores)
+                      kind=pick["loader"], cores=cores, node=share.to_dict())
 
 
 def choose(measured: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

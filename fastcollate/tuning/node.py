@@ -53,7 +53,7 @@ class NodeShare:
         how = ("its own affinity mask (pinned by the launcher)" if self.pinned else
                f"{self.node_cores} cores / {self.ranks} ranks")
         return (f"rank {self.rank if self.rank is not None else self.local_rank} (local {self.local_rank} of "
-                f"{self.ranks} on this node): {self.cores} cores ({how}) and "
+                f"{self.ranks} on this node): {self.cores} core{'s' if self.cores != 1 else ''} ({how}) and "
                 f"{self.memory_bytes / 2**30:.1f} of {self.node_memory_bytes / 2**30:.1f} GiB")
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,11 +83,20 @@ def share(available_bytes: int | None = None, ranks: int | None = None) -> NodeS
     pinned = n > 1 and mine < online and mine * n <= online
     cores = mine if pinned else max(1, mine // n)
     if available_bytes is None:
-        from ..data.cache import memory_available
+        from ..data.cache_memory import memory_available
 
         available_bytes = memory_available()
     return NodeShare(ranks=n, local_rank=local, rank=rank, cores=cores, node_cores=mine if not pinned else online,
                      memory_bytes=int(available_bytes // n), node_memory_bytes=int(available_bytes), pinned=pinned)
 
 
-__all__ = ["NodeShare", "share", "local_ranks", "affinity_cores"]
+def rank_label() -> str | None:
+    """Which rank this process is, in words, under a launcher ("rank 3 (local 1 of 2 on
+    this node)"); None outside one: what a trace or a report names as the rank it measured."""
+    n, local, rank = local_ranks()
+    if n <= 1 and rank is None:
+        return None
+    return f"rank {rank if rank is not None else local} (local {local} of {n} on this node)"
+
+
+__all__ = ["NodeShare", "share", "local_ranks", "affinity_cores", "rank_label"]
