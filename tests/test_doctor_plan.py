@@ -184,7 +184,7 @@ def test_files_the_main_process_holds_open_are_not_the_datasets(tmp_path):
     try:
         proof = doctor_proof.prove(dd.Expensive(n=32, per_sample=1e-5), {"num_workers": 2}, 8, workers=2,
                                    allowed_s=30.0, use_workers=True, seed=0, say=lambda m: None)
-        assert proof.verdict == "proven" and not proof.files and not proof.reads_files, proof
+        assert proof.verdict in ("proven", "sampled") and proof.files == [], proof
     finally:
         held.close()
 
