@@ -90,7 +90,8 @@ def grid_cases():
     yield check("spawned workers every epoch", dd.Cheap(n=256), 32, epochs=3, num_workers=2,
                 multiprocessing_context="spawn", persistent_workers=False)
     yield check("tiny batches", dd.Cheap(n=1024), 2, epochs=1, num_workers=2)
-    yield check("rare slow samples, prefetch 1", dd.RareSlow(n=384), 8, epochs=1, num_workers=2, prefetch_factor=1)
+    yield check("rare slow samples, prefetch 1", dd.RareSlow(n=384), 8, epochs=1, workers=(0, 1, 2, 4, 8),
+                num_workers=2, prefetch_factor=1)
     yield check("many fields, default_collate", dd.ManyFields(n=8192, fields=40), 64, epochs=1, num_workers=2)
     yield check("compute-bound step", dd.Cheap(n=256), 32, epochs=1, step=dd.compute_step(0.05), num_workers=0)
     yield check("I/O: 3 ms wait a sample", dd.Sleepy(n=512, wait=3e-3), 16, epochs=1, workers=(0, 1, 2, 4, 8),
