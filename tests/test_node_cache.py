@@ -300,3 +300,51 @@ def test_the_default_registry_directory_is_private(launch, tmp_path):
     (tmp_path / f"fastcollate-{os.getuid()}").mkdir(mode=0o755)
     path = cache_node.registry_dir()
     assert path == str(tmp_path / f"fastcollate-{os.getuid()}") and os.stat(path).st_mode & 0o777 == 0o700
+
+
+# ---- under torchrun ---------------------------------------------------------------------------
+
+def _gloo() -> str | None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "torch.distributed is not available in this build"
+    if not dist.is_gloo_available():
+        return "torch.distributed has no gloo backend in this build"
+    return None
+
+
+@pytest.mark.skipif(_gloo() is not None, reason=str(_gloo()))
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torchrun_ranks_share_one_cache_with_default_arguments(tmp_path, ranks):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               FASTCOLLATE_NODE_DIR=str(tmp_path / "registry"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", TRAIN,
+           "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)  # a hang guard, not a time bound
+    finally:
+        if proc.poll() is None:  # only the session this test started
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    dataset_bytes = reports[0]["dataset_bytes"]
+    assert len({r["inode"] for r in reports}) == 1, "the ranks hold different caches"
+    assert sum(r["made"] for r in reports) == 1 and len({r["max_bytes"] for r in reports}) == 1  # one budget
+    assert all(r["node"] and r["holders"] == ranks for r in reports)
+    for r in reports:
+        for e, epoch in enumerate(r["epochs"]):
+            assert epoch["batches_equal"], (r["rank"], e)  # bitwise the uncached run's
+            assert (epoch["cache_hits"], epoch["cache_misses"]) == (epoch["hits"], epoch["fetches"])
+            if e >= 1:  # from the 2nd epoch on, everything any rank fetched is in
+                assert epoch["hits"] >= 0.99 * epoch["samples"], (r["rank"], r["epochs"])
+    first = sum(r["epochs"][0]["fetches"] for r in reports)
+    assert first == reports[0]["dataset_samples"] == reports[0]["node_inserts"]  # each sample fetched once, node-wide
+    assert all(r["fetched_twice"] == 0 for r in reports)
+    assert reports[0]["shared_bytes"] <= 1.3 * dataset_bytes, (reports[0]["shared_bytes"], dataset_bytes)
+    assert not [p for p in os.listdir(tmp_path / "registry")], "the last rank out leaves no registry behind"
+    print("\n".join(line for line in out.splitlines() if line.startswith("rank ")))
