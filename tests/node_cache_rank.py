@@ -72,6 +72,9 @@ def describe(ds) -> dict:
     out = {"pid": os.getpid(), "start": process_start(os.getpid()), "max_bytes": ds.max_bytes,
            "node": node is not None, "made": node is not None and node.made, "key": node and node.key,
            "registry": node and node.path, "default_calls": len(DEFAULT_CALLS)}
+    if node is not None:
+        with open(node.path) as f:
+            out["keeper"] = json.load(f).get("keeper")
     if ds.ctrl is not None:
         fds = [segment_fd(ds.ctrl)[0], segment_fd(ds.data)[0]]
         out["fds"] = fds

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 import fastcollate
 from fastcollate.core.shm import segment_fd
 from fastcollate.data import cache_node
+from procs import processes_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK = os.path.join(ROOT, "tests", "node_cache_rank.py")
@@ -32,14 +33,20 @@ LAUNCH_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MASTER_A
               "SLURM_STEP_ID", "SLURM_NTASKS_PER_NODE", cache_node.ENV_GROUP, cache_node.ENV_DIR)
 
 
-class Rank:
-    """A rank process the test drives; answers are JSON, errors come back as {"error": ...}."""
+# a stand-in for torchrun's agent: the rank's parent, alive until the test kills it
+AGENT = "import signal, subprocess, sys; subprocess.Popen(sys.argv[1:]).wait(); signal.pause()"
 
-    def __init__(self, env: dict, local_rank: int, log) -> None:
+
+class Rank:
+    """A rank process the test drives; answers are JSON, errors come back as {"error": ...}.
+    ``agent``: started under a stand-in agent (``proc`` is then the agent)."""
+
+    def __init__(self, env: dict, local_rank: int, log, agent: bool = False) -> None:
         env = dict(env, LOCAL_RANK=str(local_rank))
-        self.proc = subprocess.Popen([sys.executable, RANK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, text=True, env=env, cwd=ROOT)
-        self.log = log
+        cmd = [sys.executable, RANK] if not agent else [sys.executable, "-c", AGENT, sys.executable, RANK]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     env=env, cwd=ROOT)
+        self.log, self.agent = log, agent
 
     def ask(self, op: str, **kw) -> dict:
         self.proc.stdin.write(json.dumps(dict(kw, op=op)) + "\n")
@@ -63,7 +70,10 @@ class Rank:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()
+            self.proc.stdin.close()  # the rank's end of its requests: it exits
+            if self.agent:  # a stand-in agent waits to be killed
+                self.kill()
+                return
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -80,8 +90,8 @@ def node(tmp_path):
     ranks: list[Rank] = []
     log = open(tmp_path / "ranks.log", "w")
 
-    def start(local_rank: int) -> Rank:
-        ranks.append(Rank(env, local_rank, log))
+    def start(local_rank: int, agent: bool = False, **more: str) -> Rank:
+        ranks.append(Rank(dict(env, **more), local_rank, log, agent))
         return ranks[-1]
 
     start.env = env
@@ -89,6 +99,14 @@ def node(tmp_path):
     for r in ranks:
         r.close()
     log.close()
+
+
+def _gone(pid: int) -> bool:
+    """Waits for process pid to end (a hang guard, not a time bound); whether it did."""
+    from fastcollate.core.shm import pid_alive
+    from helpers import wait_until
+
+    return wait_until(lambda: not pid_alive(pid), timeout=120, poll=0.1)
 
 
 def test_two_ranks_share_one_cache(node):
@@ -168,6 +186,32 @@ def test_a_rank_killed_mid_insert_takes_nothing_and_its_restart_rejoins(node):
     got = again.ok("fetch", idx=list(range(32)))
     assert got["fetched"] == [0] * 32 and got["stats"]["rank"]["hits"] == 32
     assert got["stats"]["holders"] == 2
+
+
+def test_a_torchelastic_restart_of_every_rank_finds_the_cache_kept(node):
+    # torchrun's agent restarts the whole worker group when a rank fails: no rank holds the cache
+    # in between, so the rank that makes it leaves a keeper, which ends with the agent
+    first = node(0, agent=True, TORCHELASTIC_MAX_RESTARTS="1")
+    ra = first.ok("open", n=16)
+    keeper = ra["keeper"]
+    assert ra["made"] and keeper is not None and keeper[2:] == ra["fds"]
+    first.ok("fetch", idx=list(range(16)))
+    os.kill(ra["pid"], signal.SIGKILL)  # the group is stopped: the only rank is gone
+    assert _gone(ra["pid"])
+    again = node(0, TORCHELASTIC_MAX_RESTARTS="1")  # ... and started again
+    r = again.ok("open", n=16)
+    assert not r["made"] and r["inodes"] == ra["inodes"] and r["keeper"] == keeper
+    got = again.ok("fetch", idx=list(range(16)))
+    assert got["fetched"] == [0] * 16 and got["stats"]["rank"]["hits"] == 16
+    assert got["stats"]["holders"] == 1  # the ranks: the keeper is not one
+    first.kill()  # the agent ends (the job is over): so does its keeper
+    assert _gone(keeper[0])
+    assert again.ok("fetch", idx=[3])["stats"]["rank"]["hits"] == 17  # the ranks still hold it
+
+
+def test_without_restarts_to_survive_there_is_no_keeper(node):
+    assert node(0, agent=True).ok("open", n=4)["keeper"] is None  # TORCHELASTIC_MAX_RESTARTS unset: 0
+    assert node(1, agent=True, TORCHELASTIC_MAX_RESTARTS="0").ok("open", n=4)["keeper"] is None
 
 
 def test_a_registry_pid_that_names_another_process_is_not_trusted(node):
@@ -304,6 +348,14 @@ def test_the_default_registry_directory_is_private(launch, tmp_path):
 
 # ---- under torchrun ---------------------------------------------------------------------------
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _gloo() -> str | None:
     import torch.distributed as dist
 
@@ -314,14 +366,14 @@ def _gloo() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_gloo() is not None, reason=str(_gloo()))
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_torchrun_ranks_share_one_cache_with_default_arguments(tmp_path, ranks):
+def torchrun(tmp_path, ranks: int, *args: str) -> tuple[list[dict], str]:
+    """tests/node_cache_train.py under torchrun (``args``: its options; --standalone by default):
+    each rank's report, and the output."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
                FASTCOLLATE_NODE_DIR=str(tmp_path / "registry"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", TRAIN,
-           "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *(args or ["--standalone"]), f"--nproc_per_node={ranks}",
+           TRAIN, "--out", str(tmp_path)] + (["--fail-once"] if "--max-restarts=1" in args else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -330,8 +382,16 @@ def test_torchrun_ranks_share_one_cache_with_default_arguments(tmp_path, ranks):
         if proc.poll() is None:  # only the session this test started
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for pid in processes_with(str(tmp_path)):  # its ranks, in sessions of their own
+            os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 0, out[-4000:]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)], out
+
+
+@pytest.mark.skipif(_gloo() is not None, reason=str(_gloo()))
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torchrun_ranks_share_one_cache_with_default_arguments(tmp_path, ranks):
+    reports, out = torchrun(tmp_path, ranks)
     dataset_bytes = reports[0]["dataset_bytes"]
     assert len({r["inode"] for r in reports}) == 1, "the ranks hold different caches"
     assert sum(r["made"] for r in reports) == 1 and len({r["max_bytes"] for r in reports}) == 1  # one budget
@@ -348,3 +408,25 @@ def test_torchrun_ranks_share_one_cache_with_default_arguments(tmp_path, ranks):
     assert reports[0]["shared_bytes"] <= 1.3 * dataset_bytes, (reports[0]["shared_bytes"], dataset_bytes)
     assert not [p for p in os.listdir(tmp_path / "registry")], "the last rank out leaves no registry behind"
     print("\n".join(line for line in out.splitlines() if line.startswith("rank ")))
+
+
+@pytest.mark.skipif(_gloo() is not None, reason=str(_gloo()))
+def test_torchrun_restarting_every_rank_keeps_the_cache(tmp_path):
+    # rank 1 crashes after the first epoch; torchrun stops rank 0 and starts both again. A static
+    # rendezvous: its run id is "none", so the master's port names the job (the ranks sync by
+    # files, not gloo: see FileBarrier in the script)
+    for attempt in range(3):  # a port found free can be taken before the agent binds it: try another
+        try:
+            reports, out = torchrun(tmp_path, 2, "--nnodes=1", f"--master_port={free_port()}", "--max-restarts=1")
+            break
+        except AssertionError as exc:
+            if "address already in use" not in str(exc).lower() or attempt == 2:
+                raise
+    assert all(r["attempt"] == 1 for r in reports)
+    keeper = reports[0]["keeper"]
+    assert keeper is not None and all(r["keeper"] == keeper for r in reports)
+    for r in reports:
+        assert not r["made"]  # the cache the first attempt made
+        for e, epoch in enumerate(r["epochs"]):  # every epoch of the second attempt hits, the first included
+            assert epoch["batches_equal"] and epoch["hits"] >= 0.99 * epoch["samples"], (r["rank"], e, r["epochs"])
+    assert _gone(keeper[0]), "the keeper outlived the job"

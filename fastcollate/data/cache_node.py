@@ -19,9 +19,16 @@ belongs to a process started at another time are pruned; from a live one it stat
 ``/proc/<pid>/fd/<n>`` and maps it only if the inode, the device and the size are the
 registry's -- a pid the kernel gave to another process, holding another file at that number, is
 never trusted. With no live holder the cache is gone (its memory freed with its last holder):
-the process makes a new one and overwrites the record. A process that made nothing leaves its
-holder line when its cache is collected or it exits; one that is killed leaves a dead pid,
-pruned by the next process to look.
+the process makes a new one and overwrites the record. A process takes its holder line out
+when its cache is collected or it exits (the last one out removes the file); one that is killed
+leaves a dead pid, pruned by the next process to look.
+
+Restarts. A rank that exits or is killed takes nothing from the others, and a rank that starts
+again joins the cache they hold. torchrun's elastic agent, though, restarts the whole worker group
+when any rank fails: every holder exits at once. So where the agent may restart the ranks
+(``TORCHELASTIC_MAX_RESTARTS`` > 0) the rank that makes the cache also starts a keeper: a bare
+interpreter holding the two memfds, in a session of its own, that ends when the agent (the
+rank's parent) ends. The restarted ranks open the cache from the keeper.
 
 Identity. The group is ``group=``, else ``FASTCOLLATE_CACHE_GROUP``, else the job: torchrun's
 ``TORCHELASTIC_RUN_ID`` (unless it is ``none``, torchrun's default for a static multi-node
@@ -212,6 +219,57 @@ def _alive(holder: list[int]) -> bool:
     return pid_alive(pid) and process_start(pid) == start
 
 
+# The keeper: a process that holds a cache's memfds while torchelastic restarts the ranks. The
+# elastic agent restarts the whole worker group on any failure, so without it every holder of the
+# node's cache exits at once and the restarted ranks refill it from the dataset. It is the
+# interpreter alone (-I -S: no site, no torch, a few MB), in a session of its own (the agent
+# kills each rank's process group), and it ends when the agent it watches does -- when the job
+# ends, however it ends.
+_KEEPER = """
+import sys, time
+anchor, start = sys.argv[1], sys.argv[2]
+def started(pid):
+    try:
+        with open("/proc/" + pid + "/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+while started(anchor) == start:
+    time.sleep(1.0)
+"""
+_KEEPERS: list[Any] = []  # this process's keepers' Popen objects: never collected (and never waited for)
+
+
+def keeper_anchor() -> int | None:
+    """The torchelastic agent to keep a cache alive for: this rank's parent, where torchrun may
+    restart the ranks (``TORCHELASTIC_MAX_RESTARTS`` > 0); None otherwise."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or (_int_env("TORCHELASTIC_MAX_RESTARTS") or 0) <= 0:
+        return None
+    parent = os.getppid()
+    return parent if parent > 1 else None
+
+
+def _start_keeper(anchor: int, fds: tuple[int, int]) -> list[int] | None:
+    """Starts a keeper holding ``fds`` (at the same numbers) until ``anchor`` ends: its holder line."""
+    import subprocess
+    import sys
+
+    start = process_start(anchor)
+    if start is None:
+        return None
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KEEPER, str(anchor), str(start)], pass_fds=fds,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        logger.warning("fastcollate.Cached: could not start the process that keeps the node's cache across "
+                       "torchelastic restarts (%s); a restart refills it", exc)
+        return None
+    _KEEPERS.append(proc)
+    return [proc.pid, process_start(proc.pid), *fds]
+
+
 class _Stale(Exception):
     """A holder that no longer holds the cache: its fd is closed, or is another file now."""
 
@@ -270,6 +328,10 @@ def _mismatch(rec: dict[str, Any], key: str, kind: str, entries: int, max_bytes:
             "node=False to keep one private")
 
 
+def _holders_and_keeper(rec: dict[str, Any]) -> list[list[int]]:
+    return list(rec.get("holders", [])) + ([rec["keeper"]] if rec.get("keeper") else [])
+
+
 def _prune(directory: str, keep: str) -> None:
     """Removes the registries of caches no process holds any more (a job whose last rank was
     killed), skipping any another process has locked."""
@@ -282,7 +344,7 @@ def _prune(directory: str, keep: str) -> None:
                 if fd is None:
                     continue
                 rec = _read(fd)
-                if rec is None or not any(_alive(h) for h in rec.get("holders", [])):
+                if rec is None or not any(_alive(h) for h in _holders_and_keeper(rec)):
                     os.unlink(path)
         except OSError:  # gone meanwhile, or not ours: not this process's to tidy
             continue
@@ -322,7 +384,7 @@ def _leave(path: str, holder: list[int]) -> None:
             if rec is None:
                 return
             rec["holders"] = [h for h in rec.get("holders", []) if h != holder and _alive(h)]
-            if rec["holders"]:
+            if rec["holders"] or (rec.get("keeper") and _alive(rec["keeper"])):
                 _write(fd, rec)
             else:
                 os.unlink(path)
@@ -349,22 +411,26 @@ def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int |
         refused: list[str] = []
         if rec is not None and rec.get("group") == group and rec.get("key") == key:
             live = [h for h in rec.get("holders", []) if _alive(h)]
-            for h in list(live):
+            keeper = rec.get("keeper") if rec.get("keeper") and _alive(rec["keeper"]) else None
+            for h in live + ([keeper] if keeper else []):
                 try:
                     mapped = _open_from(rec, h)
                     break
                 except _Stale:
-                    live.remove(h)
+                    if h is keeper:
+                        keeper = None
+                    else:
+                        live.remove(h)
                 except OSError as exc:
                     refused.append(f"pid {h[0]}: {exc.strerror or exc}")
-            rec["holders"] = live
+            rec["holders"], rec["keeper"] = live, keeper
             if mapped is not None:
                 said = _mismatch(rec, key, kind, entries, max_bytes)
                 if said is not None:
                     raise ValueError(said)
-            elif live:
-                raise Unreachable(f"the node's cache under {key!r} is held by {len(live)} live process(es), none of "
-                                  f"which this one may open through /proc ({'; '.join(refused)})")
+            elif live or keeper:
+                raise Unreachable(f"the node's cache under {key!r} is held by {len(live) + bool(keeper)} live "
+                                  f"process(es), none of which this one may open through /proc ({'; '.join(refused)})")
         made = mapped is None
         if made:
             size = default_max_bytes() if max_bytes is None else max_bytes
@@ -375,6 +441,9 @@ def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int |
             for part, seg in (("ctrl", ctrl), ("data", data)):
                 st = os.fstat(segment_fd(seg)[0])
                 rec[part] = [st.st_ino, st.st_dev, st.st_size]
+            anchor = keeper_anchor()
+            fds = (segment_fd(ctrl)[0], segment_fd(data)[0])
+            rec["keeper"] = None if anchor is None else _start_keeper(anchor, fds)
         else:
             ctrl, data = mapped
         holder = [pid, process_start(pid), segment_fd(ctrl)[0], segment_fd(data)[0]]
