@@ -24,6 +24,22 @@ cache, and ``stats()`` in the main process counts them all. A plain pickle in a 
 the cache is that same wrapper; in another process (a framework that ships the dataset
 elsewhere) it becomes a new, empty cache over the unpickled dataset.
 
+One cache per node. Under a launcher that runs several ranks on a node (torchrun's
+``LOCAL_WORLD_SIZE`` > 1), or given one ``group=``, the ranks that wrap the same dataset share
+one cache: the first to get there makes the segments (and computes the default ``max_bytes``:
+one budget for the node), the others map the same memfds (fastcollate.data.cache_node: a
+registry file per cache, the memfds opened through ``/proc/<pid>/fd`` of a live holder after an
+inode check). Every rank inserts what it fetches and every rank, and each of its workers, reads
+everything; the protocol is the one above (claims are pids, and a node's ranks share a pid
+namespace), so a rank killed mid-insert is reclaimed like a worker. A rank that exits takes
+nothing from the others, and a rank that starts again joins what they hold; where torchrun may
+restart all the ranks at once, a keeper process holds the cache in between. The ranks find the
+same cache by key: ``name=``, else the dataset's type and how many node-wide Cached of that
+type the process made before it (a key that holds another type, length or explicit
+``max_bytes`` is refused, naming both). ``node=False`` keeps a cache private, ``node=True``
+shares outside a launcher too. ``stats()`` counts the whole node; its ``rank`` entry, this
+rank's own.
+
 A transparent wrapper (fastcollate.data.wrapper). Attributes Cached does not own are the
 dataset's: ``ds.classes`` reads ``ds.dataset.classes``, ``ds.set_epoch(e)`` calls the dataset's,
 and ``ds.rng = ...`` (a ``worker_init_fn`` on ``get_worker_info().dataset``) sets it on the
@@ -32,8 +48,8 @@ made in the main process reaches workers exactly when torch would send it: worke
 it (non-persistent ones, each epoch) see it; persistent workers keep the dataset they started
 with. ``copy.copy`` is a new wrapper over the same dataset object and the same cache (set its
 ``transform`` freely); ``copy.deepcopy`` copies the dataset and the transform and makes a new,
-empty cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split = "val"``),
-so it must not be served the original's samples.
+empty, private cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split =
+"val"``), so it must not be served the original's samples.
 
 Exact. A cached sample equals the one the dataset returned the first time: types, dtypes, shapes,
 strides, requires_grad, bytes, and Python objects as pickle gives them (cache_codec lists what
@@ -53,7 +69,8 @@ torch would pass it to the collate_fn (said once; a ``transform``, which applies
 is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
-process when the cache is made: fastcollate.data.cache_memory) caps the data segment, at most
+process when the cache is made -- for a node-wide cache, to the rank that makes it:
+fastcollate.data.cache_memory) caps the data segment, at most
 ``MAX_BYTES`` (2**46: the segment is mapped whole in every process). An entry costs its sample's
 serialized size rounded up to 64 bytes; the index costs 24 bytes per sample of the dataset,
 touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
@@ -70,7 +87,7 @@ stays a miss until that one ends.)
 
 Time. ``stats()`` also gives the time spent in hits (``hit_s``: reading and rebuilding), in the
 dataset on misses (``fetch_s``), in inserts (``insert_s``) and in ``transform`` (``transform_s``),
-summed over every process, so one traced run says what a sample costs cached and uncached;
+summed over every process holding the cache (and, in ``rank``, over this rank's), so one traced run says what a sample costs cached and uncached;
 :meth:`Cached.estimate` measures the same on samples in hand before any cache exists.
 
 Without the compiled engine (or with ``FASTCOLLATE_DISABLE=1``) Cached passes every fetch through
