@@ -172,12 +172,13 @@ def registry_path(group: str, key: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: str, block: bool = True) -> Iterator[int | None]:
+def _locked(path: str, block: bool = True, create: bool = True) -> Iterator[int | None]:
     """The registry file, open and exclusively flock'ed (None when ``block`` is False and another
-    process holds it). The file is its own lock; a waiter whose file the last holder unlinked
-    meanwhile starts over on the new one."""
+    process holds it; FileNotFoundError when it does not exist and ``create`` is False). The file
+    is its own lock; a waiter whose file the last holder unlinked meanwhile starts over on the
+    new one."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -340,7 +341,7 @@ def _prune(directory: str, keep: str) -> None:
         if path == keep or not (entry.startswith("cache-") and entry.endswith(".json")):
             continue
         try:
-            with _locked(path, block=False) as fd:
+            with _locked(path, block=False, create=False) as fd:
                 if fd is None:
                     continue
                 rec = _read(fd)
@@ -364,9 +365,9 @@ class NodeCache:
         """The live processes holding the cache now, by the registry (each a rank, its DataLoader
         workers not counted)."""
         try:
-            with _locked(self.path) as fd:
+            with _locked(self.path, create=False) as fd:
                 rec = _read(fd)
-        except OSError:
+        except OSError:  # no registry: its last holder left
             return 0
         if rec is None:
             return 0
@@ -379,16 +380,17 @@ def _leave(path: str, holder: list[int]) -> None:
     if holder[0] != os.getpid():  # a forked child inherited the finalizer: the line is its parent's
         return
     try:
-        with _locked(path) as fd:
+        with _locked(path, create=False) as fd:
             rec = _read(fd)
-            if rec is None:
+            if rec is None:  # unreadable: nobody can join through it anyway
+                os.unlink(path)
                 return
             rec["holders"] = [h for h in rec.get("holders", []) if h != holder and _alive(h)]
             if rec["holders"] or (rec.get("keeper") and _alive(rec["keeper"])):
                 _write(fd, rec)
             else:
                 os.unlink(path)
-    except OSError:  # the directory is gone (a test's temporary one): nothing to leave
+    except OSError:  # no registry, or no directory (a test's temporary one): nothing to leave
         pass
 
 
