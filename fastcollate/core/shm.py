@@ -46,8 +46,22 @@ def send_segment(segment: torch.Tensor) -> Any:
     memory: its descriptor, duplicated for the child, never through torch's sharing strategy."""
     if not MEMFD:  # pragma: no cover - not Linux: torch's own segment, torch's way
         return segment
-    fd, size = segment.untyped_storage()._share_fd_cpu_()  # a memfd segment already: its descriptor, no copy
+    fd, size = segment_fd(segment)
     return _SentSegment(fd, size, segment.dtype)
+
+
+def segment_fd(segment: torch.Tensor) -> tuple[int, int]:
+    """(descriptor, bytes) of the memfd under ``segment`` (a tensor over a whole shared_segment,
+    any dtype): the descriptor its storage keeps open for as long as it lives -- asking torch for
+    it copies nothing, as the storage is a memfd already."""
+    return segment.untyped_storage()._share_fd_cpu_()
+
+
+def map_fd(fd: int, nbytes: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """The shared memory behind ``fd`` (nbytes of it) mapped here as a ``dtype`` tensor; the
+    storage keeps its own duplicate of fd, so the caller still owns (and closes) ``fd``."""
+    storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
 
 
 class _SentSegment:
@@ -64,10 +78,9 @@ def receive_segment(dupfd: Any, nbytes: int, dtype: torch.dtype = torch.uint8) -
     """The receiving side of send_segment: the segment mapped here (shared), as a ``dtype`` tensor."""
     fd = dupfd.detach()
     try:
-        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
+        return map_fd(fd, nbytes, dtype)
     finally:
         os.close(fd)
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
 
 
 # Batch arenas made in this process that may be sent by reference (fastcollate.loader.wire):
@@ -91,6 +104,17 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def process_start(pid: int) -> int | None:
+    """When process pid started (clock ticks since boot, /proc/<pid>/stat's field 22), or None
+    when there is no such process: a pid and its start time name one process, even after the
+    kernel gives the pid to another."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def batch_arena(nbytes: int, note: Any = None) -> torch.Tensor:

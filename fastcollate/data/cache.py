@@ -24,6 +24,22 @@ cache, and ``stats()`` in the main process counts them all. A plain pickle in a 
 the cache is that same wrapper; in another process (a framework that ships the dataset
 elsewhere) it becomes a new, empty cache over the unpickled dataset.
 
+One cache per node. Under a launcher that runs several ranks on a node (torchrun's
+``LOCAL_WORLD_SIZE`` > 1), or given one ``group=``, the ranks that wrap the same dataset share
+one cache: the first to get there makes the segments (and computes the default ``max_bytes``:
+one budget for the node), the others map the same memfds (fastcollate.data.cache_node: a
+registry file per cache, the memfds opened through ``/proc/<pid>/fd`` of a live holder after an
+inode check). Every rank inserts what it fetches and every rank, and each of its workers, reads
+everything; the protocol is the one above (claims are pids, and a node's ranks share a pid
+namespace), so a rank killed mid-insert is reclaimed like a worker. A rank that exits takes
+nothing from the others, and a rank that starts again joins what they hold; where torchrun may
+restart all the ranks at once, a keeper process holds the cache in between. The ranks find the
+same cache by key: ``name=``, else the dataset's type and how many node-wide Cached of that
+type the process made before it (a key that holds another type, length or explicit
+``max_bytes`` is refused, naming both). ``node=False`` keeps a cache private, ``node=True``
+shares outside a launcher too. ``stats()`` counts the whole node; its ``rank`` entry, this
+rank's own.
+
 A transparent wrapper (fastcollate.data.wrapper). Attributes Cached does not own are the
 dataset's: ``ds.classes`` reads ``ds.dataset.classes``, ``ds.set_epoch(e)`` calls the dataset's,
 and ``ds.rng = ...`` (a ``worker_init_fn`` on ``get_worker_info().dataset``) sets it on the
@@ -32,8 +48,8 @@ made in the main process reaches workers exactly when torch would send it: worke
 it (non-persistent ones, each epoch) see it; persistent workers keep the dataset they started
 with. ``copy.copy`` is a new wrapper over the same dataset object and the same cache (set its
 ``transform`` freely); ``copy.deepcopy`` copies the dataset and the transform and makes a new,
-empty cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split = "val"``),
-so it must not be served the original's samples.
+empty, private cache of the same ``max_bytes`` -- the copy's dataset may diverge (``val.split =
+"val"``), so it must not be served the original's samples.
 
 Exact. A cached sample equals the one the dataset returned the first time: types, dtypes, shapes,
 strides, requires_grad, bytes, and Python objects as pickle gives them (cache_codec lists what
@@ -53,7 +69,8 @@ torch would pass it to the collate_fn (said once; a ``transform``, which applies
 is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
-process when the cache is made: fastcollate.data.cache_memory) caps the data segment, at most
+process when the cache is made -- for a node-wide cache, to the rank that makes it:
+fastcollate.data.cache_memory) caps the data segment, at most
 ``MAX_BYTES`` (2**46: the segment is mapped whole in every process). An entry costs its sample's
 serialized size rounded up to 64 bytes; the index costs 24 bytes per sample of the dataset,
 touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
@@ -70,7 +87,7 @@ stays a miss until that one ends.)
 
 Time. ``stats()`` also gives the time spent in hits (``hit_s``: reading and rebuilding), in the
 dataset on misses (``fetch_s``), in inserts (``insert_s``) and in ``transform`` (``transform_s``),
-summed over every process, so one traced run says what a sample costs cached and uncached;
+summed over every process holding the cache (and, in ``rank``, over this rank's), so one traced run says what a sample costs cached and uncached;
 :meth:`Cached.estimate` measures the same on samples in hand before any cache exists.
 
 Without the compiled engine (or with ``FASTCOLLATE_DISABLE=1``) Cached passes every fetch through
@@ -94,6 +111,7 @@ from torch.utils.data import Dataset, IterableDataset
 from .. import _ext
 from ..core.collator import disabled
 from ..core.shm import pid_alive, send_segment, shared_segment
+from . import cache_node
 from .cache_codec import ALIGN, Uncacheable, decode, encode
 from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
 from .wrapper import DatasetWrapper
@@ -144,6 +162,23 @@ def _check_max_bytes(max_bytes: Any) -> int:
     return int(max_bytes)
 
 
+def _segments(entries: int, max_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """New, empty segments (a control block for ``entries`` indices, ``max_bytes`` of data)."""
+    C = _ext._C
+    ctrl = shared_segment(C.cache_ctrl_words(entries) * 8, "fastcollate-cache-index").view(torch.int64)
+    try:
+        data = shared_segment(max_bytes, "fastcollate-cache")
+    except RuntimeError as exc:
+        raise RuntimeError(f"fastcollate.Cached: could not map a data segment of max_bytes={max_bytes} "
+                           f"bytes ({exc}); give a smaller max_bytes") from exc
+    C.cache_init(ctrl, entries, max_bytes)
+    return ctrl, data
+
+
+def _default_max_bytes() -> int:
+    return _check_max_bytes(default_max_bytes())
+
+
 class Cached(DatasetWrapper, Dataset):
     """``dataset`` with a shared-memory sample cache that DataLoader workers fill in the first
     epoch and all read afterwards; ``transform`` runs after the cache, on every fetch.
@@ -156,15 +191,25 @@ class Cached(DatasetWrapper, Dataset):
         max_bytes: the most bytes the cached samples may take (default
             :func:`default_max_bytes`: half the memory available now; at most ``MAX_BYTES``); a
             sample that does not fit the room left is fetched from ``dataset`` every time, and
-            once the room left is less than a typical sample nothing more is inserted.
+            once the room left is less than a typical sample nothing more is inserted. For a
+            node-wide cache: the node's budget, computed once by the rank that makes the cache.
+        name: the key the ranks of a node share this cache under (default: the dataset's type and
+            how many node-wide Cached of that type this process made before it); give each
+            dataset its own, the same on every rank, when ranks may make them in different orders.
+        node: None (the default): one cache for the whole node when the launcher runs several
+            ranks on it (``LOCAL_WORLD_SIZE`` > 1) or a ``group`` is given; True: node-wide
+            whatever the launcher says; False: private to this process and its workers.
+        group: the ranks that share (default: ``FASTCOLLATE_CACHE_GROUP``, else the job the
+            launcher names: ``TORCHELASTIC_RUN_ID``, ``MASTER_ADDR:MASTER_PORT``, SLURM's job).
 
     Works with torch's and fastcollate's DataLoader, any number of workers, persistent or not,
     fork, spawn or forkserver, either sharing strategy; ``stats()`` in the main process counts
     every worker. A transparent wrapper: attributes it does not own (anything but ``dataset``,
     ``transform``, ``max_bytes`` and the cache's handles) are read from and set on ``dataset``.
     ``copy.copy`` shares the dataset and the cache; ``copy.deepcopy`` copies the dataset and
-    makes a new, empty cache. The module's docstring (fastcollate.data.cache) says how, and what
-    it costs.
+    makes a new, empty, private cache. Under torchrun the ranks of a node share one cache
+    (fastcollate.data.cache_node). The module's docstring (fastcollate.data.cache) says how, and
+    what it costs.
 
     >>> import torch, fastcollate
     >>> base = [torch.arange(3) * i for i in range(8)]
@@ -176,10 +221,12 @@ class Cached(DatasetWrapper, Dataset):
     """
 
     # the wrapper's own attributes (fastcollate.data.wrapper): every other one is the dataset's
-    _own_attributes = frozenset({"dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data", *_LOCAL})
+    _own_attributes = frozenset({"dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data", "_local",
+                                 "_node", *_LOCAL})
 
     def __init__(self, dataset: Any, transform: Callable[[Any], Any] | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, *, name: str | None = None, node: bool | None = None,
+                 group: str | None = None) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError("fastcollate.Cached: an IterableDataset has no indices to cache by; wrap a map-style "
                             "dataset (one with __getitem__ and __len__)")
@@ -190,30 +237,50 @@ class Cached(DatasetWrapper, Dataset):
                             f"sizes the cache's index") from exc
         if transform is not None and not callable(transform):
             raise TypeError(f"fastcollate.Cached: transform must be callable or None, got {type(transform).__name__}")
-        self.max_bytes = _check_max_bytes(default_max_bytes() if max_bytes is None else max_bytes)
+        for arg, value in (("name", name), ("group", group)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise TypeError(f"fastcollate.Cached: {arg} must be a non-empty str or None, got {value!r}")
+        if node not in (None, True, False):
+            raise TypeError(f"fastcollate.Cached: node must be None (share when the launcher runs several ranks "
+                            f"on this node), True or False, got {node!r}")
+        if max_bytes is not None:
+            max_bytes = _check_max_bytes(max_bytes)
         self.dataset = dataset
         self.transform = transform
-        self._open()
+        self._open(max_bytes, cache_node.group_for(node, group), name)
 
-    def _open(self) -> None:
-        """Makes this wrapper's cache: new, empty segments for len(dataset) entries and max_bytes."""
+    def _open(self, max_bytes: int | None, group: str | None = None, name: str | None = None) -> None:
+        """Makes this wrapper's cache for len(dataset) entries: new, empty segments of max_bytes
+        (None: the default), or, with a group, the node's cache under its key, joined or made."""
         self.id = uuid.uuid4().hex
         self.entries = int(len(self.dataset))
         self.ctrl: torch.Tensor | None = None
         self.data: torch.Tensor | None = None
+        self._local: torch.Tensor | None = None  # this rank's own counters, where the cache is the node's
+        self._node: cache_node.NodeCache | None = None
         if _ext._C is None:
+            self.max_bytes = _default_max_bytes() if max_bytes is None else max_bytes
             logger.warning("fastcollate.Cached: the compiled engine is not loaded (%s); nothing is cached, every "
                            "sample comes from the dataset", _ext.LOAD_ERROR)
-        else:
+        elif group is not None and self._join(max_bytes, group, cache_node.key_for(self.dataset, name)):
             C = _ext._C
-            self.ctrl = shared_segment(C.cache_ctrl_words(self.entries) * 8, "fastcollate-cache-index").view(torch.int64)
-            try:
-                self.data = shared_segment(self.max_bytes, "fastcollate-cache")
-            except RuntimeError as exc:
-                raise RuntimeError(f"fastcollate.Cached: could not map a data segment of max_bytes={self.max_bytes} "
-                                   f"bytes ({exc}); give a smaller max_bytes") from exc
-            C.cache_init(self.ctrl, self.entries, self.max_bytes)
+            self._local = shared_segment(C.cache_ctrl_words(0) * 8, "fastcollate-cache-rank").view(torch.int64)
+            C.cache_init(self._local, 0, 0)
+        else:
+            self.max_bytes = _default_max_bytes() if max_bytes is None else max_bytes
+            self.ctrl, self.data = _segments(self.entries, self.max_bytes)
         _CACHES[self.id] = self
+
+    def _join(self, max_bytes: int | None, group: str, key: str) -> bool:
+        """Whether this wrapper now holds the node's cache under key (False: keep a private one)."""
+        try:
+            self.ctrl, self.data, self.max_bytes, self._node = cache_node.open_node(
+                group, key, self.dataset, self.entries, max_bytes, _default_max_bytes,
+                lambda size: _segments(self.entries, size))
+        except cache_node.Unreachable as exc:
+            logger.warning("fastcollate.Cached: %s; this process keeps a private cache", exc)
+            return False
+        return True
 
     # -- copies and sharing with workers
     def __copy__(self) -> "Cached":
@@ -232,7 +299,7 @@ class Cached(DatasetWrapper, Dataset):
         for k, v in self.__dict__.items():
             if k not in self._own_attributes or k in ("dataset", "transform", "max_bytes"):
                 new.__dict__[k] = copy.deepcopy(v, memo)
-        new._open()
+        new._open(new.max_bytes)  # private, even when this one is the node's: the ranks' copies may differ
         return new
 
     def __reduce__(self):
@@ -243,12 +310,15 @@ class Cached(DatasetWrapper, Dataset):
             # through torch's sharing strategy; a forked worker inherits them and pickles nothing
             state = {k: v for k, v in self.__dict__.items() if k not in _LOCAL}
             state["ctrl"], state["data"] = send_segment(self.ctrl), send_segment(self.data)
+            if self._local is not None:
+                state["_local"] = send_segment(self._local)
             return (_worker_cache, (state, type(self)))
         # a plain pickle is the same wrapper where it exists: never a copy of the cache
         return (_same_cache, (self.id, self.dataset, self.transform, self.max_bytes))
 
     def __repr__(self) -> str:
-        return f"Cached({self.dataset!r}, transform={self.transform!r}, max_bytes={self.max_bytes})"
+        node = "" if self._node is None else f", node-wide: {self._node.key!r}"
+        return f"Cached({self.dataset!r}, transform={self.transform!r}, max_bytes={self.max_bytes}{node})"
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -278,7 +348,10 @@ class Cached(DatasetWrapper, Dataset):
         return out
 
     def _count(self, name: str, value: int) -> None:
-        _ext._C.cache_add(self.ctrl, _ext._C.cache_words[name], value)
+        C = _ext._C
+        C.cache_add(self.ctrl, C.cache_words[name], value)
+        if self._local is not None:
+            C.cache_add(self._local, C.cache_words[name], value)
 
     def _index(self, index: Any) -> int:
         """The entry of ``index``, or -1 for a key that is not cached."""
@@ -355,7 +428,9 @@ class Cached(DatasetWrapper, Dataset):
             self._warn_refused(i, blob.nbytes)
             return
         blob.write(self._segment()[0], offset)
-        C.cache_publish(self.ctrl, i, pid, offset, blob.nbytes)
+        if C.cache_publish(self.ctrl, i, pid, offset, blob.nbytes) and self._local is not None:
+            C.cache_add(self._local, C.cache_words["inserts"], 1)  # the shared words count it in the engine
+            C.cache_add(self._local, C.cache_words["payload"], blob.nbytes)
         self._count("insert_ns", time.perf_counter_ns() - t0)
 
     def _warn_refused(self, i: int, nbytes: int) -> None:
@@ -422,27 +497,41 @@ class Cached(DatasetWrapper, Dataset):
 
     # -- measuring
     def stats(self) -> dict[str, Any]:
-        """What every process did with this cache so far (shared counters): ``hits``, ``misses``,
-        ``inserts`` (samples cached), ``bytes`` (of the data segment in use), ``payload_bytes``
-        (of the cached entries), ``capacity`` (max_bytes), ``full``, ``refused_full``,
-        ``uncacheable``, ``reclaimed``, ``entries`` (the dataset's length when wrapped), and the
-        seconds spent in ``hit_s``, ``fetch_s`` (the dataset, on misses), ``insert_s`` and
-        ``transform_s``; ``enabled`` is False when nothing can be cached (no compiled engine)."""
+        """What every process holding this cache did with it so far (shared counters): ``hits``,
+        ``misses``, ``inserts`` (samples cached), ``bytes`` (of the data segment in use),
+        ``payload_bytes`` (of the cached entries), ``capacity`` (max_bytes), ``full``,
+        ``refused_full``, ``uncacheable``, ``reclaimed``, ``entries`` (the dataset's length when
+        wrapped), and the seconds spent in ``hit_s``, ``fetch_s`` (the dataset, on misses),
+        ``insert_s`` and ``transform_s``; ``enabled`` is False when nothing can be cached (no
+        compiled engine). Where the cache is node-wide (``node`` True, under ``node_key``) those
+        sum over every rank of the node and their workers, ``holders`` is how many ranks hold it
+        now, and ``rank`` has this rank's own (it and its workers): ``hits``, ``misses``,
+        ``inserts``, ``payload_bytes`` and the four times; for a private cache ``rank`` repeats
+        the totals and ``holders`` is 1."""
         if self.ctrl is None:
             return {"enabled": False, "hits": 0, "misses": 0, "inserts": 0, "bytes": 0, "capacity": 0,
-                    "entries": self.entries}
+                    "entries": self.entries, "node": False, "holders": 0}
         words = _ext._C.cache_words
         header = self.ctrl[:words["header"]].tolist()
+        own = header if self._local is None else self._local[:words["header"]].tolist()
 
-        def w(name: str) -> int:
-            return int(header[words[name]])
+        def w(name: str, of: list[int] = header) -> int:
+            return int(of[words[name]])
 
-        return {"enabled": True, "hits": w("hits"), "misses": w("misses"), "inserts": w("inserts"),
-                "bytes": w("top"), "payload_bytes": w("payload"), "capacity": w("capacity"),
-                "full": bool(w("full")), "refused_full": w("refused_full"), "uncacheable": w("uncacheable"),
-                "reclaimed": w("reclaimed"), "entries": w("entries"),
-                "hit_s": w("hit_ns") / 1e9, "fetch_s": w("fetch_ns") / 1e9, "insert_s": w("insert_ns") / 1e9,
-                "transform_s": w("transform_ns") / 1e9}
+        out = {"enabled": True, "hits": w("hits"), "misses": w("misses"), "inserts": w("inserts"),
+               "bytes": w("top"), "payload_bytes": w("payload"), "capacity": w("capacity"),
+               "full": bool(w("full")), "refused_full": w("refused_full"), "uncacheable": w("uncacheable"),
+               "reclaimed": w("reclaimed"), "entries": w("entries"),
+               "hit_s": w("hit_ns") / 1e9, "fetch_s": w("fetch_ns") / 1e9, "insert_s": w("insert_ns") / 1e9,
+               "transform_s": w("transform_ns") / 1e9,
+               "node": self._node is not None, "holders": 1 if self._node is None else self._node.holders(),
+               "rank": {"hits": w("hits", own), "misses": w("misses", own), "inserts": w("inserts", own),
+                        "payload_bytes": w("payload", own), "hit_s": w("hit_ns", own) / 1e9,
+                        "fetch_s": w("fetch_ns", own) / 1e9, "insert_s": w("insert_ns", own) / 1e9,
+                        "transform_s": w("transform_ns", own) / 1e9}}
+        if self._node is not None:
+            out["node_key"] = self._node.key
+        return out
 
     @staticmethod
     def estimate(samples: Iterable[Any], repeats: int = 3) -> dict[str, Any]:
@@ -509,4 +598,4 @@ def _worker_cache(state: dict[str, Any], cls: type = None) -> Cached:
 
 def _same_cache(cache_id: str, dataset: Any, transform: Any, max_bytes: int) -> Cached:
     cache = _CACHES.get(cache_id)
-    return cache if cache is not None else Cached(dataset, transform, max_bytes)
+    return cache if cache is not None else Cached(dataset, transform, max_bytes, node=False)

@@ -138,7 +138,9 @@ class _Builder:
             kw["collate_fn"] = self.user_collate
         return kw
 
-    def make(self, s: model.Setting, dataset: Any) -> Callable[[], Any]:
+    def make(self, s: model.Setting, dataset: Any, node: bool | None = False) -> Callable[[], Any]:
+        # the probes' caches stay private (node=False): under torchrun a node-wide one would be
+        # keyed by how many each rank made, and the ranks' probes need not be as many
         def build() -> Any:
             from ..loader.dataloader import DataLoader as RingLoader
 
@@ -146,7 +148,7 @@ class _Builder:
             if s.cache and not _is_cached(dataset):
                 from ..data.cache import Cached
 
-                ds = Cached(dataset)
+                ds = Cached(dataset, node=node)
             cls = RingLoader if s.kind == "fastcollate" else tud.DataLoader
             return cls(ds, **self.settings(s))
         return build
@@ -402,7 +404,7 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
                   predictions=[{"setting": dataclasses.asdict(s), "predicted_samples_per_s": r}
                                for r, s, _ in pl.predicted[:8]],
                   node=share.to_dict(), load=load, cache=cache_info)
-    d._make = lambda ds: builder.make(chosen, ds)()
+    d._make = lambda ds: builder.make(chosen, ds, node=None)()  # the proposal, built: node-wide under a launcher
     d._settings = builder.settings(chosen)
     return d
 
