@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..core.launcher import int_env, local_ranks
 from ..core.shm import map_fd, pid_alive, process_start, segment_fd
 
 __all__ = ["NodeCache", "Unreachable", "group_for", "key_for", "open_node", "registry_dir", "local_world_size"]
@@ -71,18 +72,10 @@ class Unreachable(RuntimeError):
     """The node's cache has live holders, but none could be opened from here (the message says why)."""
 
 
-def _int_env(name: str) -> int | None:
-    v = os.environ.get(name, "").strip()
-    try:
-        return int(v) if v else None
-    except ValueError:
-        return None
-
-
 def local_world_size() -> int:
     """Ranks on this node as the launcher says: ``LOCAL_WORLD_SIZE`` (torchrun), else
     ``SLURM_NTASKS_PER_NODE``; 1 outside a launcher (fastcollate.tuning.node reads the same)."""
-    return max(1, _int_env("LOCAL_WORLD_SIZE") or _int_env("SLURM_NTASKS_PER_NODE") or 1)
+    return local_ranks()[0]
 
 
 def job_id() -> str | None:
@@ -245,7 +238,7 @@ _KEEPERS: list[Any] = []  # this process's keepers' Popen objects: never collect
 def keeper_anchor() -> int | None:
     """The torchelastic agent to keep a cache alive for: this rank's parent, where torchrun may
     restart the ranks (``TORCHELASTIC_MAX_RESTARTS`` > 0); None otherwise."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID") or (_int_env("TORCHELASTIC_MAX_RESTARTS") or 0) <= 0:
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or (int_env("TORCHELASTIC_MAX_RESTARTS") or 0) <= 0:
         return None
     parent = os.getppid()
     return parent if parent > 1 else None
@@ -439,7 +432,7 @@ def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int |
             ctrl, data = make(size)
             rec = {"version": VERSION, "group": group, "key": key, "dataset": kind, "entries": entries,
                    "max_bytes": size, "max_bytes_given": max_bytes is not None,
-                   "made_by": {"pid": pid, "local_rank": _int_env("LOCAL_RANK")}, "holders": []}
+                   "made_by": {"pid": pid, "local_rank": int_env("LOCAL_RANK")}, "holders": []}
             for part, seg in (("ctrl", ctrl), ("data", data)):
                 st = os.fstat(segment_fd(seg)[0])
                 rec[part] = [st.st_ino, st.st_dev, st.st_size]

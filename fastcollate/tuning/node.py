@@ -14,13 +14,7 @@ import dataclasses
 import os
 from typing import Any
 
-
-def _int_env(name: str) -> int | None:
-    v = os.environ.get(name, "").strip()
-    try:
-        return int(v) if v else None
-    except ValueError:
-        return None
+from ..core.launcher import local_ranks
 
 
 def affinity_cores() -> int:
@@ -58,19 +52,6 @@ class NodeShare:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def local_ranks() -> tuple[int, int, int | None]:
-    """(ranks on this node, this one's local rank, its global rank) from the launcher's
-    environment (torchrun, torch.distributed.launch, SLURM's srun), (1, 0, None) outside one."""
-    ranks = _int_env("LOCAL_WORLD_SIZE") or _int_env("SLURM_NTASKS_PER_NODE") or 1
-    local = _int_env("LOCAL_RANK")
-    if local is None:
-        local = _int_env("SLURM_LOCALID") or 0
-    rank = _int_env("RANK")
-    if rank is None:
-        rank = _int_env("SLURM_PROCID")
-    return max(1, ranks), max(0, local), rank
 
 
 def share(available_bytes: int | None = None, ranks: int | None = None) -> NodeShare:
