@@ -145,3 +145,14 @@ def test_no_private_name_crosses_a_module():
                     offenders += [f"{os.path.relpath(path, ROOT)}: {a.name}" for a in node.names
                                   if a.name.startswith("_") and a.name != "__version__"]
     assert offenders == []
+
+
+def test_every_package_folder_is_shipped():
+    # pyproject names the packages one by one; a new folder left out installs in an editable
+    # checkout and is missing from the sdist and the wheel (CI's wheel build found fastcollate.tuning)
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(d, ROOT).replace(os.sep, ".")
+             for d, _, files in os.walk(PKG) if "__init__.py" in files and "__pycache__" not in d}
+    assert found == listed, f"pyproject.toml's packages differ from the folders: missing {sorted(found - listed)}, stale {sorted(listed - found)}"
