@@ -258,7 +258,7 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         auto = None
-        if any(isinstance(v, str) for v in (*args[5:7], kwargs.get("num_workers"), kwargs.get("prefetch_factor"))):
+        if any(isinstance(v, str) for v in (*args[5:6], kwargs.get("num_workers"), kwargs.get("prefetch_factor"))):
             ring_kw = {k: kwargs.pop(k) for k in ("ring", "ring_slot_bytes", "ring_max_bytes") if k in kwargs}
             try:
                 bound = _SIGNATURE.bind(self, *args, **kwargs)

@@ -268,6 +268,10 @@ class State:
         return False
 
 
+def cores_in_words(n: int) -> str:
+    return f"{n} core" if n == 1 else f"{n} cores"
+
+
 def start_choice(cores: int, limits: Limits, workers: int | None = None, prefetch: int | None = None) -> Choice:
     """Where the climb starts, nothing measured: ``min(2, cores)`` workers (at least
     ``limits.min_workers``), prefetch_factor 2 -- or what the user fixed."""
@@ -372,7 +376,9 @@ def allowed(state: State, budget: Budget) -> tuple[list[Choice], str]:
                 continue
             out.append(c)
     top = max(c.workers for c in out)
-    words = f"{budget.cores} cores, {budget.memory_bytes / 2**30:.1f} GiB ({budget.words or 'this rank'})"
+    words = f"{cores_in_words(budget.cores)}, {budget.memory_bytes / 2**30:.1f} GiB"
+    if budget.words and budget.words != words:
+        words += f" ({budget.words})"
     if top > budget.cores:
         words += f"; the fetches wait {waiting:.0%} of their time, so up to {top} workers"
     return out, words
@@ -441,8 +447,8 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
         return Record(m.epoch, "keep", cur, cur, held + "settled", measured=m, settled=True)
     planned = budget.planned(m.others_busy)
     if planned != budget.cores:
-        budget = dataclasses.replace(budget, cores=planned, words=f"other processes keep {m.others_busy:.1f} of "
-                                     f"{budget.affinity or budget.cores} cores busy; {budget.words}")
+        budget = dataclasses.replace(budget, cores=planned, words=f"other processes kept {m.others_busy:.1f} of "
+                                     f"{budget.affinity or budget.cores} cores busy; the share: {budget.words}")
     profiles = _profiles(state)
     options, words = allowed(state, budget)
     here = predict(state, cur, m, budget, profiles)
