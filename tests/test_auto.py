@@ -125,6 +125,19 @@ def test_the_rank_share_bounds_the_workers(monkeypatch):
     assert max(c.workers for c in options) == 2 and "2 cores" in words
 
 
+def test_a_busy_machine_plans_with_the_cores_left_and_the_model_is_corrected_by_what_it_measured():
+    # 46 ms of CPU a batch, 8 batches an epoch, a pool that takes 0.4 s to start, another process
+    # on one of the 2 cores: the model (told 1 core) is corrected by the epoch it mispredicted
+    st = state(2)
+    m = measure(plan.Choice(2), fetch=46e-3, batches=8, start=0.4)
+    m.others_busy = 1.1
+    rec = plan.decide(st, m, plan.Budget(cores=2, memory_bytes=8 * GIB, affinity=2))
+    assert rec.action == "change" and rec.after == plan.Choice(0), str(rec)
+    assert "within 1 core" in rec.reason and "other processes kept 1.1 of 2 cores busy" in rec.reason
+    assert "corrected" in rec.reason and 0.25 <= st.calibration[True] <= 4
+    assert "other processes kept 1.1 cores busy" in str(rec)  # the evidence says it too
+
+
 def test_the_memory_budget_bounds_the_workers():
     small = plan.Budget(cores=8, memory_bytes=int(1.2 * 200 * (1 << 20)))  # room for one 100 MB worker
     st = state(1)
@@ -225,9 +238,11 @@ def test_every_decision_is_logged_with_its_evidence(caplog):
     loader = fastcollate.DataLoader(Squares(), batch_size=8, num_workers="auto")
     loader._auto.decide = scripted(plan.Choice(1, 4))
     with caplog.at_level(logging.INFO, logger="fastcollate"):
-        epochs(loader, 3)
+        epochs(loader, 4)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fastcollate auto:")]
-    assert lines == [str(r) for r in loader.auto_log] and len(lines) == 3
+    # the start, the change, the keep that settles it; a settled loader logs nothing more
+    assert lines == [str(r) for r in loader.auto_log] and len(lines) == 3 and loader.auto_log[-1].settled
+    assert loader._auto.last.epoch == 2 and loader._auto.last.choice == plan.Choice(1, 4)
     assert "epoch 0 starts with num_workers 2, prefetch_factor 2" in lines[0] and "cores" in lines[0]
     assert "change num_workers 2 -> 1, prefetch_factor 2 -> 4" in lines[1]
     for line in lines[1:]:
@@ -259,7 +274,9 @@ def test_len_state_pickling_and_with_ring_are_unaffected():
     epochs(loader, 2)
     copy = pickle.loads(pickle.dumps(loader))
     assert [str(r) for r in copy.auto_log] == [str(r) for r in loader.auto_log]
-    assert [len(e) for e in epochs(copy, 2)] == [12, 12] and len(copy.auto_log) == len(loader.auto_log) + 1
+    assert [len(e) for e in epochs(copy, 2)] == [12, 12]
+    assert [str(r) for r in copy.auto_log[:len(loader.auto_log)]] == [str(r) for r in loader.auto_log]
+    assert copy._auto.last is not None and copy._auto.last.batches == 12  # measured after the copy too
     assert pickle.loads(pickle.dumps(loader.collate_fn)).inner is fastcollate.collate
     assert fastcollate.DataLoader(Squares(), batch_size=8).auto_log == []
 
@@ -317,6 +334,7 @@ def test_a_dropped_auto_loader_frees_its_workers_at_once():
     gc.disable()  # no collection: only reference counts may free it (a cycle would keep the workers)
     try:
         loader = fastcollate.DataLoader(Squares(), batch_size=8, num_workers="auto", persistent_workers=True)
+        loader._auto.frozen = True  # measuring, never changing: the pool stays
         epochs(loader, 2)
         workers = list(loader._iterator._workers)
         assert workers and all(w.is_alive() for w in workers)

@@ -44,13 +44,17 @@ from ..tuning.memory import private_mb
 
 logger = logging.getLogger("fastcollate")
 AUTO = "auto"
-# a row of counters: one per worker (and one in the main process with no workers). BATCHES: every
-# batch made; TIMED: those timed in full, which FETCH, COLLATE, CPU and BLOCKED sum (they stand for
-# the others); PROC_NOW, PROC_FIRST: the worker's process CPU at its latest timed fetch and before
-# its first; MB: its private memory, the largest read; SPIKES, SPIKE_S: the timed batches that took
-# more than SPIKE_FACTOR times the mean (rare slow samples: a remote read, a retry) and their excess
-BATCHES, TIMED, FETCH, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST, MB, SPIKES, SPIKE_S = range(11)
-COLUMNS = 11
+# a row of counters: one per worker (and one in the main process with no workers), each a double.
+# Every batch: BATCHES counts it, WALL sums its wall time (the row's first batch, cold -- imports,
+# first calls, page faults -- goes to FIRST_WALL instead, WALLED counts the others), SPIKES and
+# SPIKE_S count the batches that took more than SPIKE_FACTOR times the mean (rare slow samples: a
+# remote read, a retry) and their excess. A sample of them (TIMED; TIMED_WALL their wall time):
+# COLLATE, CPU (the fetching thread's) and BLOCKED (the time it blocked of its own accord) --
+# scaled to the others by wall time. PROC_NOW, PROC_FIRST: the worker's process CPU at its latest
+# timed batch and before its first; MB: its private memory, the largest read.
+(BATCHES, WALLED, WALL, FIRST_WALL, SPIKES, SPIKE_S, TIMED, TIMED_WALL, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST,
+ MB) = range(14)
+COLUMNS = 14
 SPIKE_FACTOR = 4.0
 SPIKE_MIN_S = 1e-3
 # what timing one batch in full costs (measured on 2 cores: the CPU clocks and getrusage are system
@@ -58,6 +62,7 @@ SPIKE_MIN_S = 1e-3
 FETCH_TIMING_S = 5e-6
 CONSUMER_TIMING_S = 2e-6
 MAX_SKIP = 63
+BUDGET_EVERY_S = 30.0  # the rank's share is read again after this long
 MEMORY_FIRST_S = 1.0   # a worker reads its private memory (/proc/self/smaps_rollup: ~2 ms) a second
 MEMORY_EVERY_S = 5.0   # after its first batch, then every 5 s
 now = time.perf_counter
@@ -197,11 +202,11 @@ def row_view(table: np.ndarray, k: int) -> memoryview:
 
 
 class FetchTimer:
-    """Times torch's dataset fetcher's ``fetch`` into ``row``: every batch counted; a sample of
-    them (every one when batches take long) timed in full -- wall time with the collate apart, the
-    thread's CPU and the time it blocked of its own accord, the process's CPU -- so that the clocks'
-    system calls stay under 1% of a batch. ``memory``: in a worker, its private memory now and
-    then (reading it takes milliseconds)."""
+    """Times torch's dataset fetcher's ``fetch`` into ``row``: every batch's wall time (two reads of
+    a clock that costs no system call); a sample of them (every one when batches take long) also
+    the collate apart, the thread's CPU and the time it blocked of its own accord, the process's
+    CPU -- system calls of ~0.5 us each, sampled so that they stay under 1% of a batch.
+    ``memory``: in a worker, its private memory now and then (reading it takes milliseconds)."""
 
     __slots__ = ("row", "memory", "countdown", "memory_at")
 
@@ -211,10 +216,11 @@ class FetchTimer:
     def __call__(self, fetch: Callable[[Any, Any], Any], fetcher: Any, index: Any) -> Any:
         """``fetch(fetcher, index)``, timed."""
         row = self.row
-        if self.countdown > 0:
+        if self.countdown > 0 and row[BATCHES]:
             self.countdown -= 1
+            t0 = now()
             out = fetch(fetcher, index)
-            row[BATCHES] += 1
+            self.add(row, now() - t0)
             return out
         t0, cpu0, sw0 = now(), thread_cpu(), _trace.voluntary_switches()
         memory = self.memory
@@ -237,20 +243,13 @@ class FetchTimer:
         finally:
             fetcher.collate_fn = collate_fn
         t1, cpu1, sw1 = now(), thread_cpu(), _trace.voluntary_switches()
-        collate = marks[1] - marks[0] if marks[1] else 0.0
         wall, cpu = t1 - t0, cpu1 - cpu0
-        timed = row[TIMED]
-        if timed >= 4:
-            mean = (row[FETCH] + row[COLLATE]) / timed
-            if wall > SPIKE_FACTOR * mean and wall - mean > SPIKE_MIN_S:
-                row[SPIKES] += 1
-                row[SPIKE_S] += wall - mean
-        row[FETCH] += wall - collate
-        row[COLLATE] += collate
+        row[TIMED] += 1
+        row[TIMED_WALL] += wall
+        row[COLLATE] += marks[1] - marks[0] if marks[1] else 0.0
         row[CPU] += cpu
         row[BLOCKED] += _trace.blocked_time(max(0.0, wall - cpu), sw0, sw1)
-        row[TIMED] = timed + 1
-        row[BATCHES] += 1
+        self.add(row, wall)
         self.countdown = min(MAX_SKIP, int(FETCH_TIMING_S / max(wall, 1e-9) / 0.01))
         if memory:
             row[PROC_NOW] = time.process_time()
@@ -260,6 +259,21 @@ class FetchTimer:
                 if mb is not None and mb > row[MB]:
                     row[MB] = mb
         return out
+
+    @staticmethod
+    def add(row: Any, wall: float) -> None:
+        if not row[BATCHES]:
+            row[FIRST_WALL] = wall
+        else:
+            walled = row[WALLED]
+            if walled >= 4:
+                mean = row[WALL] / walled
+                if wall > SPIKE_FACTOR * mean and wall - mean > SPIKE_MIN_S:
+                    row[SPIKES] += 1
+                    row[SPIKE_S] += wall - mean
+            row[WALL] += wall
+            row[WALLED] = walled + 1
+        row[BATCHES] += 1
 
 
 _TIMER: list[Any] = [None]  # in a worker of an auto loader: the FetchTimer of its row
@@ -317,6 +331,8 @@ class AutoTuner:
         self.frozen = False  # measure only, never change (the overhead benchmark)
         self._why = why
         self._epoch = 0
+        self._budget: tuple[float, plan.Budget] | None = None
+        self.last: plan.EpochMeasure | None = None  # the latest epoch measured
         self._reset()
 
     def _reset(self) -> None:
@@ -329,10 +345,19 @@ class AutoTuner:
 
     def __getstate__(self) -> dict[str, Any]:
         out = dict(self.__dict__)  # a pickled loader's tuner: the climb and its log, no live counters
-        for k in ("_clock", "_table", "_rows", "_snap"):
+        for k in ("_clock", "_table", "_rows", "_snap", "_budget"):
             out[k] = None
         out["decide"] = plan.decide if self.decide is plan.decide else self.decide
         return out
+
+    def budget(self) -> plan.Budget:
+        """This rank's share of the node, read again at most every BUDGET_EVERY_S seconds (reading
+        it -- the affinity, /proc/meminfo, the cgroup's limit -- takes a few hundred microseconds,
+        a visible share of a short epoch)."""
+        t = now()
+        if self._budget is None or t - self._budget[0] > BUDGET_EVERY_S:
+            self._budget = (t, plan.Budget.of(self.share()))
+        return self._budget[1]
 
     def say(self, record: plan.Record) -> None:
         self.log.append(record)
@@ -343,13 +368,15 @@ class AutoTuner:
         if not self.log:
             self.say(plan.Record(-1, "start", self.state.current, self.state.current, self._why))
         m = self.finish(loader)
-        if m is not None and not self.frozen:
+        self.last = m if m is not None else self.last
+        # a settled loader decides nothing more: its epochs are measured (``last``), not logged
+        if m is not None and not self.frozen and not (self.state.settled and self.state.pending is None):
             if self.state.limits.batches_per_epoch is None:
                 try:
                     self.state.limits.batches_per_epoch = len(loader)
                 except TypeError:
                     pass
-            record = self.decide(self.state, m, plan.Budget.of(self.share()))
+            record = self.decide(self.state, m, self.budget())
             if record is not None:
                 self.say(record)
         target = self.state.current
@@ -383,22 +410,31 @@ class AutoTuner:
             rows = self._rows.copy()
             snap = self._snap if self._snap is not None else np.zeros_like(rows)
             d = rows - snap
-            scale = d[:, BATCHES] / np.maximum(d[:, TIMED], 1)  # the timed batches stand for the others
             base = np.where(snap[:, PROC_NOW] > 0, snap[:, PROC_NOW], rows[:, PROC_FIRST])
+            # each batch's wall time (the first of a new row is its start-up: left out, and the
+            # batches it stands for counted at the others' mean); the sampled ones split it
+            wall = d[:, WALL] * d[:, BATCHES] / np.maximum(d[:, WALLED], 1)
+            share = wall / np.maximum(d[:, TIMED_WALL], 1e-12)
+            collate = d[:, COLLATE] * share
             m.worker_batches = int(d[:, BATCHES].sum())
-            m.fetch_s, m.collate_s = float((d[:, FETCH] * scale).sum()), float((d[:, COLLATE] * scale).sum())
-            m.fetch_cpu_s, m.fetch_blocked_s = float((d[:, CPU] * scale).sum()), float((d[:, BLOCKED] * scale).sum())
+            m.collate_s = float(collate.sum())
+            m.fetch_s = float((wall - collate).sum())
+            m.fetch_cpu_s, m.fetch_blocked_s = float((d[:, CPU] * share).sum()), float((d[:, BLOCKED] * share).sum())
             m.worker_cpu_s = float(np.clip(rows[:, PROC_NOW] - base, 0, None)[d[:, BATCHES] > 0].sum())
             m.worker_mb = float(rows[:, MB].max()) if len(rows) else 0.0
-            m.spikes = int(round(float((d[:, SPIKES] * scale).sum())))
-            m.spike_s = float((d[:, SPIKE_S] * scale).sum())
+            m.spikes, m.spike_s = int(d[:, SPIKES].sum()), float(d[:, SPIKE_S].sum())
             if not c.choice.workers:  # the main process's own row: the fetch's CPU and waiting are the consumer's
                 m.worker_cpu_s = m.fetch_cpu_s
                 m.main_blocked_s = m.fetch_blocked_s
         if busy_end is not None and c.busy0 is not None and m.wall_s > 0:
             # what other processes kept busy meanwhile: the machine's busy time less this loop's own
-            ours = m.process_cpu_s + (m.worker_cpu_s if c.choice.workers else 0.0)
-            m.others_busy = max(0.0, (busy_end - c.busy0 - ours) / m.wall_s)
+            # -- its workers' whole CPU, their start-up included (a new process's clock starts at 0)
+            workers = 0.0
+            if c.choice.workers and self._rows is not None:
+                rows = self._rows
+                base = self._snap[:, PROC_NOW] if self._snap is not None else np.zeros(len(rows))
+                workers = float(np.clip(rows[:, PROC_NOW] - base, 0, None).sum())
+            m.others_busy = max(0.0, (busy_end - c.busy0 - m.process_cpu_s - workers) / m.wall_s)
         return m
 
     @property

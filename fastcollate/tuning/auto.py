@@ -5,8 +5,9 @@ and applies.
 
 Hill-climbing with the doctor's model (fastcollate.tuning.model): the measured epoch becomes a
 Profile (each batch's time in a worker, its CPU and its waiting, the main process's CPU per batch,
-the worker start-up, the step), the model predicts every allowed setting, and the best one is
-tried when it is predicted to gain at least MIN_GAIN over the current one. The next epoch
+the worker start-up, the step, the slow batches), the model predicts every allowed setting --
+corrected by how far its prediction for the epoch just measured was from the measurement -- and
+the best one is tried when it is predicted to gain at least MIN_GAIN over what was measured. The next epoch
 measures it: a change that measured a loss is reverted (and never tried again); one that held is
 kept and the climb goes on from it. When no untried setting is predicted to gain MIN_GAIN the
 loader settles and stops exploring -- a loop that is already fine is left alone after its first
@@ -24,6 +25,7 @@ from . import model
 
 MIN_GAIN = 1.10        # a change is tried only when predicted to gain at least this
 CLOSE = 0.97           # settings predicted within 3% of the best: the cheapest of them is taken
+CALIBRATION_LIMIT = 4.0  # the model's measured/predicted ratio is trusted within 1/4x-4x
 MIN_BATCHES = 8        # an epoch that delivered fewer decides nothing
 MAX_REVERTS = 3        # after this many changes that measured a loss, the loader settles
 MEMORY_FRACTION = 0.5  # of the rank's memory share, what the workers may plan with
@@ -242,6 +244,9 @@ class State:
     with_workers: EpochMeasure | None = None   # the latest epoch with workers
     in_main: EpochMeasure | None = None        # the latest epoch without
     start: tuple[float, int] | None = None     # the latest worker start-up measured (seconds, workers)
+    # measured / predicted samples/s of the latest epoch with workers (True) and without (False):
+    # the model's error for that way of loading, which its other predictions are corrected by
+    calibration: dict[bool, float] = dataclasses.field(default_factory=dict)
     worker_mb: float = 0.0                     # the largest private memory a worker has had
     batch_bytes: int = 0
 
@@ -448,17 +453,22 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
     planned = budget.planned(m.others_busy)
     if planned != budget.cores:
         budget = dataclasses.replace(budget, cores=planned, words=f"other processes kept {m.others_busy:.1f} of "
-                                     f"{budget.affinity or budget.cores} cores busy; the share: {budget.words}")
+                                     f"{budget.affinity or budget.cores} cores busy"
+                                     + (f"; the share: {budget.words}" if budget.words else ""))
     profiles = _profiles(state)
     options, words = allowed(state, budget)
     here = predict(state, cur, m, budget, profiles)
+    if here is not None and here > 0 and rate > 0:
+        # what the model got wrong about this epoch, it gets wrong about the settings that load the
+        # same way: their predictions are scaled by it (the other way's by its own, once measured)
+        state.calibration[cur.workers > 0] = min(CALIBRATION_LIMIT, max(1 / CALIBRATION_LIMIT, rate / here))
     scored = []
     for c in options:
         if c == cur or state.is_closed(c) or c in state.measured:
             continue  # a setting measured already is known: the climb does not go back to it
         p = predict(state, c, m, budget, profiles)
         if p is not None:
-            scored.append((p, c))
+            scored.append((p * state.calibration.get(c.workers > 0, 1.0), c))
     if here is None or not scored:
         state.settled = True
         return Record(m.epoch, "keep", cur, cur, f"{held}nothing else to try within {words}; settled", measured=m,
@@ -466,17 +476,19 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
     top = max(p for p, _ in scored)
     # among the settings predicted as good as the best, the cheapest: fewest workers, least prefetch
     best_p, best = min((t for t in scored if t[0] >= CLOSE * top), key=lambda t: (t[1].workers, t[1].prefetch))
-    gain = best_p / here if here > 0 else float("inf")
+    gain = best_p / rate if rate > 0 else float("inf")
+    model_said = f"the model said {here:,.0f} for it" if here is not None else ""
     if gain >= MIN_GAIN:
         state.pending = (cur, rate, best_p)
         state.current = best
-        return Record(m.epoch, "change", cur, best, f"{held}predicted {best_p:,.0f} samples/s ({gain:.2f}x {here:,.0f}); "
-                      f"within {words}", measured=m, predicted=best_p, predicted_before=here)
+        return Record(m.epoch, "change", cur, best, f"{held}predicted {best_p:,.0f} samples/s, {gain:.2f}x the "
+                      f"{rate:,.0f} measured ({model_said}: its predictions corrected by that); within {words}",
+                      measured=m, predicted=best_p, predicted_before=here)
     state.settled = True
     return Record(m.epoch, "keep", cur, cur,
-                  f"{held}no other setting is predicted to gain {MIN_GAIN - 1:.0%} (the best, {best}: {gain:.2f}x, "
-                  f"predicted {best_p:,.0f} against {here:,.0f} here); settled", measured=m, predicted=here,
-                  predicted_before=here, settled=True)
+                  f"{held}no other setting is predicted to gain {MIN_GAIN - 1:.0%} (the best, {best}: predicted "
+                  f"{best_p:,.0f} samples/s, {gain:.2f}x the {rate:,.0f} measured; {model_said}); settled",
+                  measured=m, predicted=rate, predicted_before=here, settled=True)
 
 
 __all__ = ["Choice", "EpochMeasure", "Budget", "Limits", "Record", "State", "start_choice", "decide", "allowed",
