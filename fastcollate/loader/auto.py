@@ -119,19 +119,25 @@ def resolve(arguments: dict[str, Any]) -> "AutoTuner | None":
 class EpochClock:
     """The consumer's side of one epoch (filled by timed_next). Every batch: its wait (two
     wall-clock reads); a sample of them (every one when batches are slow): the thread's CPU in
-    ``next()`` and the batch's samples."""
+    ``next()`` and the batch's samples. With no workers (``fetcher``: the epoch's dataset fetcher)
+    each ``next()`` is the fetch itself, so the same call also counts the slow batches, and on the
+    sampled ones times the collate apart and the time the fetch blocked of its own accord."""
 
     __slots__ = ("t0", "proc0", "busy0", "batches", "samples", "wait", "cpu", "cpu_n", "size", "first", "end",
                  "proc_end", "busy_end", "whole", "batch_bytes", "countdown", "full_t", "full_n", "started",
-                 "choice", "first_wait")
+                 "choice", "first_wait", "fetcher", "timed_wait", "collate", "blocked", "spikes", "spike_s")
 
-    def __init__(self, choice: plan.Choice) -> None:
+    def __init__(self, choice: plan.Choice, machine: bool = True) -> None:
         self.choice = choice
-        self.t0, self.proc0, self.busy0 = now(), time.process_time(), load.busy_seconds()
+        # the machine's busy time (what other processes take): only while there is something to decide
+        self.t0, self.proc0, self.busy0 = now(), time.process_time(), load.busy_seconds() if machine else None
         self.batches = self.samples = self.batch_bytes = self.cpu_n = self.size = self.countdown = self.full_n = 0
+        self.spikes = 0
         self.wait = self.cpu = self.first = self.first_wait = self.end = self.proc_end = self.full_t = 0.0
+        self.timed_wait = self.collate = self.blocked = self.spike_s = 0.0
         self.busy_end: float | None = None
         self.whole = self.started = False
+        self.fetcher: Any = None
 
     @property
     def step(self) -> float:
@@ -152,30 +158,60 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
         if c is None:
             return next_data(ref())
         full = c.countdown <= 0
-        cpu0 = thread_cpu() if full else 0.0
+        fetcher = c.fetcher if full else None
+        if full:
+            cpu0 = thread_cpu()
+            if fetcher is not None:  # no workers: the fetch runs in this call; its collate timed apart
+                sw0, marks, collate_fn = _trace.voluntary_switches(), [0.0, 0.0], fetcher.collate_fn
+
+                def timed_collate(data: Any) -> Any:
+                    marks[0] = now()
+                    try:
+                        return collate_fn(data)
+                    finally:
+                        marks[1] = now()
+
+                fetcher.collate_fn = timed_collate
         t0 = now()
         try:
             batch = next_data(ref())
         except StopIteration:
-            c.end, c.proc_end, c.busy_end, c.whole = now(), time.process_time(), load.busy_seconds(), True
+            c.end, c.proc_end, c.whole = now(), time.process_time(), True
+            c.busy_end = load.busy_seconds() if c.busy0 is not None else None
             c.wait += c.end - t0  # the call that ends the epoch (workers joined): the loader's, not a step
             raise
+        finally:
+            if fetcher is not None:
+                fetcher.collate_fn = collate_fn
         t1 = now()
-        c.wait += t1 - t0
-        c.batches += 1
+        w = t1 - t0
+        n = c.batches
+        if c.fetcher is not None and n >= 5:  # a slow batch: several times the mean of those after the first
+            mean = (c.wait - c.first_wait) / (n - 1)
+            if w > SPIKE_FACTOR * mean and w - mean > SPIKE_MIN_S:
+                c.spikes += 1
+                c.spike_s += w - mean
+        c.wait += w
+        c.batches = n + 1
         c.end = t1
         if full:
-            c.cpu += thread_cpu() - cpu0
+            cpu = thread_cpu() - cpu0
+            c.cpu += cpu
             c.cpu_n += 1
+            if fetcher is not None:
+                c.timed_wait += w
+                c.collate += marks[1] - marks[0] if marks[1] else 0.0
+                c.blocked += _trace.blocked_time(max(0.0, w - cpu), sw0, _trace.voluntary_switches())
             c.size = batch_len(batch)  # the batches between two timed ones count as the same size
-            if c.batches == 1:
-                c.first, c.first_wait = t1 - c.t0, t1 - t0
+            if n == 0:
+                c.first, c.first_wait = t1 - c.t0, w
                 c.batch_bytes = tensor_bytes(batch)
-            # the next timed batch: soon enough to follow the epoch, rarely enough that the two CPU
-            # clock reads (system calls) stay under 1% of a batch
-            per = (t1 - c.full_t) / max(1, c.batches - c.full_n) if c.full_n else t1 - t0
-            c.countdown = min(MAX_SKIP, int(CONSUMER_TIMING_S / max(per, 1e-9) / 0.01))
-            c.full_t, c.full_n = t1, c.batches
+            # the next timed batch: soon enough to follow the epoch, rarely enough that the CPU clock
+            # reads (system calls) stay under 1% of a batch
+            per = (t1 - c.full_t) / max(1, n + 1 - c.full_n) if c.full_n else w
+            cost = FETCH_TIMING_S if fetcher is not None else CONSUMER_TIMING_S
+            c.countdown = min(MAX_SKIP, int(cost / max(per, 1e-9) / 0.01))
+            c.full_t, c.full_n = t1, n + 1
         else:
             c.countdown -= 1
         c.samples += c.size
@@ -202,7 +238,7 @@ def row_view(table: np.ndarray, k: int) -> memoryview:
 
 
 class FetchTimer:
-    """Times torch's dataset fetcher's ``fetch`` into ``row``: every batch's wall time (two reads of
+    """In a worker: times torch's dataset fetcher's ``fetch`` into ``row``: every batch's wall time (two reads of
     a clock that costs no system call); a sample of them (every one when batches take long) also
     the collate apart, the thread's CPU and the time it blocked of its own accord, the process's
     CPU -- system calls of ~0.5 us each, sampled so that they stay under 1% of a batch.
@@ -382,7 +418,7 @@ class AutoTuner:
         target = self.state.current
         if target != plan.Choice(loader.num_workers, loader.prefetch_factor or 0):
             loader._auto_apply(target)
-        self._clock = EpochClock(target)
+        self._clock = EpochClock(target, machine=not (self.frozen or self.state.settled))
         if self._rows is not None and target.workers and loader.__dict__.get("_iterator") is not None:
             self._snap = self._rows.copy()  # persistent workers go on: this epoch is what they add
         # (with no workers the main process's FetchTimer is made with the epoch's iterator)
@@ -398,7 +434,7 @@ class AutoTuner:
             end = c.end + step / c.batches
             scale = (end - c.t0) / max(1e-9, now() - c.t0)
             proc_end = c.proc0 + (time.process_time() - c.proc0) * scale
-            busy_now = load.busy_seconds()
+            busy_now = load.busy_seconds() if c.busy0 is not None else None
             busy_end = None if busy_now is None or c.busy0 is None else c.busy0 + (busy_now - c.busy0) * scale
         main_cpu = c.cpu * c.batches / max(1, c.cpu_n)  # the timed batches stand for the others
         m = plan.EpochMeasure(epoch=self._epoch, choice=c.choice, batches=c.batches, samples=c.samples,
@@ -423,9 +459,15 @@ class AutoTuner:
             m.worker_cpu_s = float(np.clip(rows[:, PROC_NOW] - base, 0, None)[d[:, BATCHES] > 0].sum())
             m.worker_mb = float(rows[:, MB].max()) if len(rows) else 0.0
             m.spikes, m.spike_s = int(d[:, SPIKES].sum()), float(d[:, SPIKE_S].sum())
-            if not c.choice.workers:  # the main process's own row: the fetch's CPU and waiting are the consumer's
-                m.worker_cpu_s = m.fetch_cpu_s
-                m.main_blocked_s = m.fetch_blocked_s
+        elif c.fetcher is not None:
+            # no workers: each next() was the fetch (with the sampler); the sampled ones split it
+            share = c.wait / max(c.timed_wait, 1e-12)
+            m.worker_batches = c.batches
+            m.collate_s = c.collate * share
+            m.fetch_s = max(0.0, c.wait - m.collate_s)
+            m.fetch_cpu_s = m.worker_cpu_s = main_cpu
+            m.fetch_blocked_s = m.main_blocked_s = c.blocked * share
+            m.spikes, m.spike_s = c.spikes, c.spike_s
         if busy_end is not None and c.busy0 is not None and m.wall_s > 0:
             # what other processes kept busy meanwhile: the machine's busy time less this loop's own
             # -- its workers' whole CPU, their start-up included (a new process's clock starts at 0)
@@ -455,9 +497,11 @@ class AutoTuner:
             table = torch.zeros((workers, COLUMNS), dtype=torch.float64).share_memory_()
             loader.worker_init_fn = WorkerInit(init, table)
         try:
-            with warnings.catch_warnings():
-                if self.state.limits.workers:  # beyond the cores only where the fetches wait: the log says why
+            if workers and self.state.limits.workers:
+                with warnings.catch_warnings():  # beyond the cores only where the fetches wait: the log says why
                     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+                    it = make()
+            else:
                 it = make()
         finally:
             loader.worker_init_fn = init
@@ -471,12 +515,10 @@ class AutoTuner:
             self._clock.started = bool(workers)
         if table is not None:
             self._table, self._rows = table, table.numpy()
-        else:
-            self._table, self._rows = None, np.zeros((1, COLUMNS))
-            fetcher = getattr(it, "_dataset_fetcher", None)
-            if fetcher is not None:
-                timer, fetch, ref = FetchTimer(row_view(self._rows, 0), False), type(fetcher).fetch, weakref.ref(fetcher)
-                fetcher.fetch = lambda index: timer(fetch, ref(), index)  # held weakly: no cycle
+        else:  # no workers: the consumer's clock times the fetch (timed_next), nothing else is wrapped
+            self._table = self._rows = None
+            if self._clock is not None:
+                self._clock.fetcher = getattr(it, "_dataset_fetcher", None)
         self._snap = None
         return it
 
