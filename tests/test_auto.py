@@ -123,6 +123,12 @@ def test_the_rank_share_bounds_the_workers(monkeypatch):
     assert rec.after.workers == 2  # 4 cores on the node, 2 ranks: 2 for this one
     options, words = plan.allowed(st, budget)
     assert max(c.workers for c in options) == 2 and "2 cores" in words
+    # two ranks on 2 cores: the loader starts with this rank's one core
+    monkeypatch.setattr(node.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(node.os, "cpu_count", lambda: 2)
+    loader = fastcollate.DataLoader(Squares(), batch_size=8, num_workers="auto")
+    assert loader.num_workers == 1
+    assert "min(2, this rank's 1 core)" in str(loader._auto.log[0] if loader._auto.log else loader._auto._why)
 
 
 def test_a_busy_machine_plans_with_the_cores_left_and_the_model_is_corrected_by_what_it_measured():

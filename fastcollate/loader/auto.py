@@ -2,19 +2,24 @@
 always-on measurements of each epoch and the changes made between epochs. The decision itself is
 fastcollate.tuning.auto's (pure, on measurements in hand).
 
-What is measured, per batch, and what it costs:
+What is measured, and what it costs:
 
-- in the consuming thread (a proxy around the loader's iterator): the time spent inside
-  ``next()`` (waiting for the batch) and between batches (the loop's own step), that thread's CPU
-  inside ``next()``, and the samples -- two wall-clock and two thread-CPU reads a batch (with no
-  workers also two ``getrusage``, to tell a fetch's own waiting from preemption);
-- where each batch is made (each worker, or the main process with no workers): the fetch and the
-  collate apart (wall time), the fetching thread's CPU and the time it blocked of its own accord
-  (I/O, sleeps), the worker's process CPU; a worker's private memory every 32 batches. A worker
-  adds them to its own row of a small shared float64 table (no lock, no message): the main
-  process reads the rows once an epoch. Workers install this timing from their
-  ``worker_init_fn`` (the user's still runs after it), in their own process only: nothing of
-  torch's is wrapped in the main process; with no workers, the epoch's own fetcher is timed.
+- in the consuming thread (torch's iterator's ``_next_data``, timed in place: ``iter(loader)``
+  stays torch's own iterator): every batch's time inside ``next()`` (waiting for it) and so the
+  time between batches (the loop's own step) -- two reads of a clock that needs no system call;
+  on a sample of the batches (every one when batches take more than ~0.5 ms, fewer as they get
+  quicker, so that this stays under 1%) the thread's CPU and the batch's samples. With no
+  workers each ``next()`` is the fetch: the same call counts the slow batches and, on the
+  sampled ones, times the collate apart and the time the fetch blocked of its own accord (I/O,
+  sleeps; told from preemption by voluntary against involuntary context switches).
+- in each worker: every batch's wall time and the slow batches; on a sample, the collate apart,
+  the fetching thread's CPU and blocking, the worker's process CPU; its private memory a second
+  after its first batch and every 5 s (reading it takes ~2 ms). A worker adds them to its own
+  row of a small shared float64 table (no lock, no message); the main process reads the rows
+  once an epoch. Workers install this timing from their ``worker_init_fn`` (the user's runs
+  after it; ``loader.worker_init_fn`` stays the user's), in their own process only.
+- once an epoch: the kernel's busy time (/proc/stat) less this loop's own CPU, which is what
+  other processes kept busy (while there is something left to decide).
 
 Changes happen only at an epoch boundary (``__iter__``): ``num_workers`` and ``prefetch_factor``
 are set on the loader, the ring is remade for the new number of slots, and persistent workers
@@ -106,7 +111,7 @@ def resolve(arguments: dict[str, Any]) -> "AutoTuner | None":
                               prefetch=None if tune_pf else limits.prefetch_value)
     arguments["num_workers"] = start.workers
     arguments["prefetch_factor"] = start.prefetch_factor
-    why = (f"nothing measured yet: min(2, this rank's {share.cores} cores)" if tune_w else
+    why = (f"nothing measured yet: min(2, this rank's {plan.cores_in_words(share.cores)})" if tune_w else
            f"num_workers {start.workers} is yours")
     if limits.min_workers and tune_w:
         why += "; never 0 workers: your worker_init_fn prepares each worker"
