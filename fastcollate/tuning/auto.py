@@ -395,6 +395,10 @@ def predict(state: State, c: Choice, m: EpochMeasure, budget: Budget,
     prof = profiles.get(c.workers > 0)
     if prof is None:
         return None
+    if c.workers and prof.start_s and prof.start_workers:
+        # torch starts a pool's workers one after another: a pool's start-up grows with its size
+        # (the model's own rule, the square root, is the doctor's, measured on pools of 1-2)
+        prof = dataclasses.replace(prof, start_s=prof.start_s * c.workers / prof.start_workers, start_workers=c.workers)
     batches = max(1, m.batches if m.whole else (state.limits.batches_per_epoch or m.batches))
     if batches > REPLAY:  # the first REPLAY batches, with the epoch's start-up in proportion
         scale = REPLAY / batches
