@@ -234,7 +234,7 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
 
     ``num_workers="auto"`` (and ``prefetch_factor="auto"``, which it implies unless you give an
     int) tunes both while it trains: the first epoch runs ``min(2, cores)`` workers (this rank's
-    share of the node: :func:`fastcollate.tuning.node.share`); each epoch measures, cheaply and
+    share of the node: ``fastcollate.tuning.node.share()``); each epoch measures, cheaply and
     always, the loop's wait for each batch against its own step and each batch's fetch, collate
     and CPU in the workers; at each epoch boundary -- never inside one -- the doctor's model
     predicts the other settings and the best is tried if it is predicted to gain 10%, reverted if
