@@ -144,6 +144,15 @@ def test_a_busy_machine_plans_with_the_cores_left_and_the_model_is_corrected_by_
     assert "other processes kept 1.1 cores busy" in str(rec)  # the evidence says it too
 
 
+def test_a_slow_sample_in_the_first_batch_is_not_the_pools_start_up():
+    st = state(2)
+    m = measure(plan.Choice(2), fetch=4e-3, start=0.02)
+    m.first_s += 0.03  # the first batch held a 30 ms sample
+    m.first_make_s = 4.2e-3 + 0.03
+    plan.decide(st, m, BUDGET)
+    assert st.start[0] == pytest.approx(0.02, abs=1e-3) and st.start[1] == 2
+
+
 def test_the_memory_budget_bounds_the_workers():
     small = plan.Budget(cores=8, memory_bytes=int(1.2 * 200 * (1 << 20)))  # room for one 100 MB worker
     st = state(1)

@@ -59,7 +59,7 @@ AUTO = "auto"
 # timed batch and before its first; MB: its private memory, the largest read.
 (BATCHES, WALLED, WALL, FIRST_WALL, SPIKES, SPIKE_S, TIMED, TIMED_WALL, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST,
  MB) = range(14)
-COLUMNS = 14
+COLUMNS = 16  # 128 bytes a row: two workers never write the same cache line
 SPIKE_FACTOR = 4.0
 SPIKE_MIN_S = 1e-3
 # what timing one batch in full costs (measured on 2 cores: the CPU clocks and getrusage are system
@@ -464,6 +464,8 @@ class AutoTuner:
             m.worker_cpu_s = float(np.clip(rows[:, PROC_NOW] - base, 0, None)[d[:, BATCHES] > 0].sum())
             m.worker_mb = float(rows[:, MB].max()) if len(rows) else 0.0
             m.spikes, m.spike_s = int(d[:, SPIKES].sum()), float(d[:, SPIKE_S].sum())
+            if self._snap is None and len(rows):
+                m.first_make_s = float(rows[0, FIRST_WALL])  # batch 0 is worker 0's first
         elif c.fetcher is not None:
             # no workers: each next() was the fetch (with the sampler); the sampled ones split it
             share = c.wait / max(c.timed_wait, 1e-12)

@@ -87,7 +87,8 @@ class EpochMeasure:
     ``worker_mb`` the largest private memory of a worker. ``others_busy``: the cores that other
     processes kept busy meanwhile (the kernel's busy time less this loop's). ``spikes``: the batches
     that took several times the typical one (rare slow samples, which deeper prefetching hides) and
-    ``spike_s`` their excess, in all."""
+    ``spike_s`` their excess, in all. ``first_make_s``: the first batch's own time in the worker
+    that made it (a slow sample in it is not the pool's start-up)."""
 
     epoch: int
     choice: Choice
@@ -113,6 +114,7 @@ class EpochMeasure:
     others_busy: float = 0.0  # cores other processes kept busy meanwhile (the machine's, not this loop's)
     spikes: int = 0           # batches that took far longer than the others (rare slow samples)...
     spike_s: float = 0.0      # ... and their time beyond a typical batch, in all
+    first_make_s: float = 0.0  # the epoch's first batch's own time in its worker (0: not measured)
 
     @property
     def samples_per_s(self) -> float:
@@ -416,7 +418,7 @@ def _note(state: State, m: EpochMeasure) -> None:
     if m.choice.workers:
         state.with_workers = m
         if m.started and m.worker_batches:
-            make = (m.fetch_s + m.collate_s) / m.worker_batches
+            make = m.first_make_s or (m.fetch_s + m.collate_s) / m.worker_batches
             state.start = (max(0.0, m.first_s - make), m.choice.workers)
     else:
         state.in_main = m
