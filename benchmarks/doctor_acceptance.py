@@ -32,7 +32,7 @@ import torch.utils.data as tud  # noqa: E402
 
 import doctor_data as dd  # noqa: E402
 import fastcollate  # noqa: E402
-from fastcollate.training import measure  # noqa: E402
+from fastcollate.tuning import measure  # noqa: E402
 
 KINDS = ("torch", "torch+fastcollate", "fastcollate")
 

@@ -32,7 +32,7 @@ def rank_main(out: str, n: int, per_sample: float, batch_size: int, epochs: int)
 
     import doctor_data as dd
     import fastcollate
-    from fastcollate.training import measure
+    from fastcollate.tuning import measure
     from fastcollate.tuning import node
 
     dist.init_process_group("gloo")

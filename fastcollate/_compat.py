@@ -36,6 +36,10 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     "train": ("training.loop", {}),
     "monitor": ("training.monitor", {}),
     "tune": ("training.tune", {}),
+    # moved from training/ to tuning/, shared by the doctor, tune and the loader's auto mode
+    "training.model": ("tuning.model", {}),
+    "training.measure": ("tuning.measure", {}),
+    "training.memory": ("tuning.memory", {}),
     "bench": ("_bench.collate_bench", {"_time_per_call": "time_per_call"}),
     "workloads": ("_bench.workloads", {}),
     "storage_bench": ("_bench.storage", {}),

@@ -69,6 +69,14 @@ def _blocked(off_cpu: float, at0: tuple[int, int], at1: tuple[int, int]) -> floa
         return off_cpu
     voluntary, preempted = at1[0] - at0[0], at1[1] - at0[1]
     return off_cpu * voluntary / (voluntary + preempted) if voluntary > 0 else 0.0
+
+
+# the same clocks, for the loader's auto mode (fastcollate.loader.auto), which times its fetches
+# without the trace
+voluntary_switches = _voluntary_switches
+blocked_time = _blocked
+
+
 # the stages, in the order a batch meets them
 STAGES = ("sampler", "fetch", "collate", "queue", "rebuild", "transfer", "wait", "compute")
 

@@ -100,7 +100,8 @@ def test_the_loader_arguments_are_checked_before_anything_runs():
 
 
 def _facts(**kw):
-    from fastcollate.training import doctor_look, doctor_words, model
+    from fastcollate.training import doctor_look, doctor_words
+    from fastcollate.tuning import model
 
     seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.01], [0.009], 0.01, 0.0), spikes_s=[0.0],
                             step_s=0.0, samples_per_s=100.0, batch_bytes=1 << 20, memory={}, report={})
@@ -133,7 +134,8 @@ def test_a_span_of_one_round_reads_as_one_round():
 def test_a_candidate_that_lost_is_named_and_no_line_denies_its_prediction():
     # the model predicted a gain, the measured rounds refused it: the words say what was tried and
     # what was predicted, and no line says that nothing predicted a gain
-    from fastcollate.training import doctor_words, model
+    from fastcollate.training import doctor_words
+    from fastcollate.tuning import model
 
     base = model.Setting("torch", 0)
     tried = model.Setting("fastcollate", 2, 2, True)
@@ -152,7 +154,7 @@ def test_a_candidate_that_lost_is_named_and_no_line_denies_its_prediction():
 def test_the_cache_first_epoch_pays_its_writes():
     # a cheap dataset whose samples cost more to insert than they save when read back: the
     # model must not predict the cache faster (it once did, and the doctor measured 0.44x)
-    from fastcollate.training import model
+    from fastcollate.tuning import model
 
     prof = model.Profile("torch", 0, make_s=[1e-3] * 4, fetch_s=[0.9e-3] * 4, worker_cpu_s=1e-3, main_cpu_s=0.0)
     plain = model.Setting("torch", 0)
@@ -290,7 +292,7 @@ def test_a_loop_with_no_batch_and_a_bad_budget_are_refused(kw, msg):
 
 
 def test_io_bound_fetches_may_get_more_workers_than_cores():
-    from fastcollate.training import model
+    from fastcollate.tuning import model
 
     d = fastcollate.doctor(dd.Sleepy(n=128, wait=3e-3), batch_size=8, epochs=1, verify=False, num_workers=1)
     cores = d.load["cores_planned"]

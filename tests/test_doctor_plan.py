@@ -9,7 +9,8 @@ import pytest
 
 import fastcollate
 import doctor_data as dd
-from fastcollate.training import doctor as doctor_mod, doctor_plan, doctor_words, measure, model
+from fastcollate.training import doctor as doctor_mod, doctor_plan, doctor_words
+from fastcollate.tuning import measure, model
 
 KINDS = ["torch", "torch+fastcollate", "fastcollate"]
 
@@ -177,7 +178,7 @@ def test_the_ceiling_line_agrees_with_a_measured_win():
 @pytest.mark.parametrize("growth, private, named", [(40.0, 60.0, True), (3.0, 60.0, False), (12.0, 60.0, False),
                                                     (70.0, 900.0, True)])
 def test_copy_on_write_growth_is_named_relative_to_the_worker(growth, private, named):
-    from fastcollate.training.memory import WorkerMemory
+    from fastcollate.tuning.memory import WorkerMemory
 
     mem = WorkerMemory()
     mem.first, mem.last = {1: private}, {1: private + growth}
@@ -201,7 +202,7 @@ def test_files_the_main_process_holds_open_are_not_the_datasets(tmp_path):
 def test_private_growth_without_a_drop_in_shared_pages_is_not_copy_on_write():
     # a JPEG decoder's buffers grow a worker's private memory and leave what it shares with its
     # parent alone: not copy-on-write; pages that stop being shared as private grows are
-    from fastcollate.training.memory import WorkerMemory
+    from fastcollate.tuning.memory import WorkerMemory
 
     mem = WorkerMemory()
     mem.first, mem.last = {1: 60.0}, {1: 100.0}

@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastcollate
-from fastcollate.training import loop, measure, monitor, tune
+from fastcollate.training import loop, monitor, tune
+from fastcollate.tuning import measure
 from virtual_clock import VirtualClock
 
 
@@ -188,7 +189,7 @@ def test_tune_loader_starts_no_run_past_its_budget(monkeypatch):
 
 def test_tune_loader_never_calls_noise_a_win():
     from fastcollate.training.tune import TuneResult  # noqa: F401
-    from fastcollate.training import measure
+    from fastcollate.tuning import measure
 
     base, same = measure.Arm("a"), measure.Arm("b")
     for a, b in ((100, 104), (100, 97), (101, 99)):

@@ -15,6 +15,7 @@ from torch.utils.data._utils.collate import default_convert
 
 from .. import _ext
 from ..core.collator import Collator, collate as _collate_fn
+from . import auto as _auto
 from .ring import ForeignRing, Ring, RingCollator
 
 logger = logging.getLogger("fastcollate")
@@ -102,6 +103,9 @@ class _RingLoader:
             return args, kwargs  # torch reports its own error
         bound.apply_defaults()
         a = bound.arguments
+        if _auto.AUTO in (a["num_workers"], a["prefetch_factor"]):
+            raise ValueError(f"{type(self).__name__}: num_workers=\"auto\" and prefetch_factor=\"auto\" are "
+                             "fastcollate.DataLoader's (the class made by with_ring() takes ints)")
         auto = a["batch_size"] is not None or a["batch_sampler"] is not None
         collate = a["collate_fn"]
         offered = self._ring_collator
@@ -228,11 +232,77 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     ``state_dict``: calling it raises an AttributeError that names the alternative);
     :class:`fastcollate.StatefulDataLoader` resumes mid-epoch.
 
+    ``num_workers="auto"`` (and ``prefetch_factor="auto"``, which it implies unless you give an
+    int) tunes both while it trains: the first epoch runs ``min(2, cores)`` workers (this rank's
+    share of the node: ``fastcollate.tuning.node.share()``); each epoch measures, cheaply and
+    always, the loop's wait for each batch against its own step and each batch's fetch, collate
+    and CPU in the workers; at each epoch boundary -- never inside one -- the doctor's model
+    predicts the other settings and the best is tried if it is predicted to gain 10%, reverted if
+    it then measures a loss, and the loader settles when nothing is predicted to gain: a loop
+    that is fine is left alone after its first epoch. Workers stay within the rank's share of
+    the cores (more only where fetches mostly wait on I/O) and half its memory share; persistent
+    workers are restarted to resize. Every decision is one INFO line on the ``fastcollate`` logger
+    and a record in ``loader.auto_log``. A map-style dataset's batches are the same as with any
+    fixed setting (torch delivers in the sampler's order). Randomness drawn in workers is not:
+    torch seeds worker k with ``base_seed + k``, so with another number of workers a sample may be
+    augmented from another worker's stream -- still random, still seeded from torch's generator,
+    but not the same run to run when the choices differ. With no workers a dataset draws from the
+    main process's generator, which also seeds the next epoch's shuffle. An IterableDataset refuses
+    ``num_workers="auto"`` (the workers split the stream); ``prefetch_factor="auto"`` is allowed.
+
     >>> import torch, fastcollate
     >>> loader = fastcollate.DataLoader([torch.ones(2)] * 8, batch_size=4, num_workers=0)
     >>> [b.shape for b in loader]
     [torch.Size([4, 2]), torch.Size([4, 2])]
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        auto = None
+        if any(isinstance(v, str) for v in (*args[5:6], kwargs.get("num_workers"), kwargs.get("prefetch_factor"))):
+            ring_kw = {k: kwargs.pop(k) for k in ("ring", "ring_slot_bytes", "ring_max_bytes") if k in kwargs}
+            try:
+                bound = _SIGNATURE.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None  # torch reports its own error
+            if bound is not None:
+                auto = _auto.resolve(bound.arguments)
+                args, kwargs = bound.args[1:], bound.kwargs
+            kwargs.update(ring_kw)
+        self._auto = auto
+        super().__init__(*args, **kwargs)
+
+    @property
+    def auto_log(self) -> list[Any]:
+        """With ``num_workers="auto"``: every decision so far (``str(record)`` is its log line;
+        ``record.to_dict()`` its figures); empty otherwise."""
+        auto = self.__dict__.get("_auto")
+        return auto.log if auto is not None else []
+
+    def __iter__(self) -> Any:
+        auto = self.__dict__.get("_auto")
+        if auto is None:
+            return super().__iter__()
+        auto.begin_epoch(self)  # the last epoch judged, the next one's setting applied
+        return super().__iter__()
+
+    def _get_iterator(self) -> Any:
+        auto = self.__dict__.get("_auto")
+        if auto is None:
+            return super()._get_iterator()
+        return auto.make_iterator(self, super()._get_iterator)
+
+    def _auto_apply(self, choice: Any) -> None:
+        """The auto mode's next setting, at an epoch boundary: persistent workers shut down (the
+        next epoch starts a pool of the new size), the ring remade for its slots."""
+        it = self.__dict__.get("_iterator")
+        if it is not None:
+            it._shutdown_workers()
+            self._iterator = None
+        self.num_workers = choice.workers
+        self.prefetch_factor = choice.prefetch_factor
+        collate = self.collate_fn
+        self._settle_ring(self._auto_collation, choice.workers, choice.prefetch_factor, bool(self.pin_memory),
+                          _ours(getattr(collate, "inner", collate)))
 
     def stats(self) -> dict[str, Any]:
         """The worker ring's counters (see :meth:`ring_stats`)."""

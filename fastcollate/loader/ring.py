@@ -348,10 +348,12 @@ class RingCollator:
         return self.ring.stats() if self.ring is not None else {"ring": False}
 
     def __call__(self, batch: Any) -> Any:
+        ring = self.ring
+        if ring is None:  # no ring (a loader without workers): the inner collate, at no cost
+            return self.inner(batch)
         from torch.utils.data import get_worker_info
 
-        ring = self.ring
-        if ring is None or get_worker_info() is None or not isinstance(ring, Ring):
+        if get_worker_info() is None or not isinstance(ring, Ring):
             return self.inner(batch)
         wire.install()
         alloc = _SlotAlloc(ring)

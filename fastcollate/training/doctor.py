@@ -7,13 +7,13 @@
    the same for what the user does not run now (main-process loading, workers, fastcollate's
    collate or ring). Where a cache could serve, the proof (doctor_proof) fetches the loader's
    indices in several contexts under several seeds, and the cache's costs are measured.
-2. Predict: the model (fastcollate.training.model) gives samples/s for every setting the doctor
+2. Predict: the model (fastcollate.tuning.model) gives samples/s for every setting the doctor
    may propose (doctor_plan: nothing that changes a batch; workers within this rank's share of
    the node's cores, beyond them where fetches wait, within memory) and the best one or two are
    kept. Nothing is run for the rest.
 3. Prove: the user's settings and those candidates run side by side, whole epochs with the
    loader's creation included, in alternating order, round after round until the spread is
-   known (fastcollate.training.measure). A candidate is proposed only when it wins every round;
+   known (fastcollate.tuning.measure). A candidate is proposed only when it wins every round;
    otherwise the user's settings stay, and the doctor says so.
 
 It never changes results: fastcollate's collate replaces only torch's default_collate (the same
@@ -34,11 +34,11 @@ import torch.utils.data as tud
 
 from ..core.collator import collate as fast_collate
 from ..tuning import load as machine_load, node
-from . import measure, model
+from ..tuning import measure, model
+from ..tuning.memory import WorkerMemory
 from .doctor_look import Look, look, probe, replay_ceiling
 from .doctor_plan import limits, measuring_batches, plan
 from .doctor_proof import Proof, epoch_attribute, prove, some_samples
-from .memory import WorkerMemory
 
 KINDS = {"torch": "torch's DataLoader, default_collate", "torch+fastcollate": "torch's DataLoader, fastcollate.collate",
          "fastcollate": "fastcollate.DataLoader (the ring)"}

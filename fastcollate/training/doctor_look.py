@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from .. import _trace
-from . import model
-from .measure import batch_len
-from .memory import WorkerMemory, cpu_seconds, worker_pids
+from ..tuning import model
+from ..tuning.measure import batch_len
+from ..tuning.memory import WorkerMemory, cpu_seconds, worker_pids
 from .monitor import StallMonitor, batch_info
 
 

@@ -5,7 +5,7 @@ tested on made-up measurements (tests/test_doctor_plan.py)."""
 from __future__ import annotations
 
 import dataclasses
-from . import model
+from ..tuning import model
 from .doctor_words import MIN_GAIN
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-from . import model
+from ..tuning import model
 
 MIN_GAIN = 1.05  # a predicted gain below this is no reason to change anything
 

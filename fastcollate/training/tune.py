@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._text import table_rule
 from ..core.collator import collate as fast_collate, usable_cores
-from . import measure
-from .memory import worker_pids
+from ..tuning import measure
+from ..tuning.memory import worker_pids
 
 LOADERS = ("torch", "torch+fastcollate", "fastcollate")
 # what each kind of loader is, in words (a collate_fn of the user's replaces default_collate)

@@ -15,6 +15,13 @@ def load_average() -> float | None:
         return None
 
 
+def busy_seconds() -> float | None:
+    """Seconds all CPUs have spent busy since boot (None where the kernel does not say): read at
+    two moments, the difference less a process's own CPU time is what the others kept busy."""
+    ticks = _busy_ticks()
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _busy_ticks() -> int | None:
     """Ticks all CPUs spent busy since boot (user, nice, system, irq, softirq, steal)."""
     try:
@@ -39,4 +46,4 @@ def others_busy(window_s: float = 0.25) -> float | None:
     return max(0.0, ((b1 - b0) / hz - ours) / max(1e-6, t1 - t0))
 
 
-__all__ = ["load_average", "others_busy"]
+__all__ = ["load_average", "others_busy", "busy_seconds"]
