@@ -125,3 +125,33 @@ def test_a_loop_busy_outside_its_step_is_the_main_process():
 def test_data_bound_with_nothing_traced_says_so():
     d = diagnosis.diagnose(_trace.Tracer(8), 1.0, 0.9, 0.05)
     assert d["bottleneck"] is None and "trace holds no stage times" in d["advice"][0]
+
+
+def _advised_workers(d):
+    import re
+    m = re.search(r"raise num_workers to ~(\d+)", " ".join(d["advice"]))
+    return int(m.group(1)) if m else None
+
+
+@pytest.mark.parametrize("blocked", [0.0, 0.9])
+def test_the_advice_is_the_models_on_this_ranks_share(monkeypatch, blocked):
+    # 2 of 8 cores' worth of ranks: the monitor advises within this rank's share (4 cores), and the
+    # count is the one the doctor's model gives for the same measurements; fetches that wait 90%
+    # off the CPU may take more workers than the share's cores
+    from fastcollate.tuning import model
+    monkeypatch.setattr("fastcollate.tuning.node.affinity_cores", lambda: 8)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    tracer, wall = traced(batches=24, workers=1, fetch=0.032, step=0.002)
+    for rec in tracer.records.values():
+        rec.fetch_cpu_s, rec.fetch_blocked_s = 0.032 * (1 - blocked), 0.032 * blocked
+    d = diagnose(tracer, wall)
+    assert d["bottleneck"] == "dataset"
+    want, rates = model.fewest_workers(0.0322, 0.0322 * (1 - blocked), 0.0, 0.002, 4)
+    assert _advised_workers(d) == want
+    assert "this rank's 4 cores (of 8, 2 ranks on the node)" in d["advice"][0]
+    if blocked:
+        assert want > 4, rates
+    else:
+        assert want <= 4, rates

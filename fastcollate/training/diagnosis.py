@@ -17,9 +17,10 @@ How it decides (the README states the same):
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from typing import Any, Iterable
+
+from ..tuning import model, node
 
 DATA_BOUND_FRACTION = 0.15
 STRAGGLER_RATIO = 2.0
@@ -156,9 +157,26 @@ def _slowest_sample(records: list[Any], worker: Any = None) -> tuple[Any, float]
     return best
 
 
+def _workers_wanted(stages: dict, records: list[Any], per_batch: float, cores: int) -> int:
+    # the doctor's and the auto mode's model, fed with what this trace measured: a fetch's CPU
+    # part (the rest waited off the CPU, where more workers than cores still help), the main
+    # process's rebuild, the step -- on the host CPU unless the trace timed it on a GPU
+    traced = [r for r in records if r.fetch_cpu_s is not None]
+    fetched = sum(r.fetch_cpu_s + (r.fetch_blocked_s or 0.0) for r in traced)
+    waited = sum(r.fetch_blocked_s or 0.0 for r in traced)
+    cpu = per_batch * (1.0 - waited / fetched) if fetched > 0 else per_batch
+    step = _mean(stages, "compute")
+    want, _ = model.fewest_workers(per_batch, cpu, _mean(stages, "rebuild"), step, cores,
+                                   step_cpu=not any(r.gpu_ms for r in records))
+    return want
+
+
 def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, facts: dict,
            records: list[Any]) -> list[str]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = node.share()  # under torchrun, this rank's part of the node, not every core
+    cores = share.cores
+    on = (f"{cores} cores" if share.ranks <= 1 else
+          f"this rank's {cores} core{'s' if cores != 1 else ''} (of {share.node_cores}, {share.ranks} ranks on the node)")
     n = facts["workers"]
     fetch, collate = _mean(stages, "fetch"), _mean(stages, "collate")
     step = _mean(stages, "compute") or _mean(stages, "wait")
@@ -166,7 +184,7 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
     samples = [r.samples for r in records if r.samples]
     per_sample_ms = 1e3 * fetch / statistics.fmean(samples) if samples else 0.0
     busy = statistics.fmean([w["busy_fraction"] for w in workers if w["id"] != "main"]) if n else 1.0
-    want = min(cores, max(n + 1, math.ceil(per_batch / step))) if step > 0 else min(cores, max(2, 2 * n))
+    want = _workers_wanted(stages, records, per_batch, cores) if per_batch > 0 else n
     if bottleneck == "dataset":
         share = fetch / per_batch if per_batch else 0.0
         where = (f"workers are busy {busy:.0%} of the time, {share:.0%} of it in the dataset's __getitem__"
@@ -175,7 +193,7 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
                 "every core already runs a worker: only a cheaper dataset (or more cores) moves this"
                 if busy >= 0.8 else "the workers are not all busy: fastcollate.doctor measures what helps")
         out = [f"{where} (p50 {per_sample_ms:.2f} ms a sample, {1e3 * fetch:.1f} ms a batch); {n} workers on "
-               f"{cores} cores: {more}"]
+               f"{on}: {more}"]
         slow = _slowest_sample(records)
         if slow is not None:
             out.append(f"slowest sample: index {slow[0]}, {1e3 * slow[1]:.1f} ms")
@@ -185,7 +203,7 @@ def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, fac
     if bottleneck == "collate":
         kinds = {r.ring for r in records if r.ring}
         out = [f"the collate takes {1e3 * collate:.1f} ms a batch (p95 {stages['collate']['p95_ms']:.1f} ms), "
-               f"{collate / per_batch:.0%} of each batch's making; {n} workers on {cores} cores"]
+               f"{collate / per_batch:.0%} of each batch's making; {n} workers on {on}"]
         if "custom" in kinds:
             out.append("it is your collate_fn: move per-sample work (tokenizing, augmenting) into the dataset, "
                        "or use fastcollate.Collator(pad=...) for padding")

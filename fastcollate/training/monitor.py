@@ -295,7 +295,7 @@ def format_stages(stages: dict[str, dict[str, float]]) -> str:
 def _advice(verdict: str, loader_ref: Any, batch_info: dict[str, Any] | None) -> list[str]:
     """The untraced verdict's next steps, without what the loop already does: fastcollate's
     collate or loader, workers on every core, persistent workers, a prefetcher, uint8 batches."""
-    from ..core.collator import Collator, collate as fast_collate, usable_cores
+    from ..core.collator import Collator, collate as fast_collate
 
     loader = loader_ref() if loader_ref is not None else None
     inner = getattr(loader, "loader", loader)  # through a CudaPrefetcher
@@ -307,7 +307,7 @@ def _advice(verdict: str, loader_ref: Any, batch_info: dict[str, Any] | None) ->
     for line in ADVICE[verdict]:
         if "fastcollate.collate" in line and ours:
             continue
-        if line.startswith("raise DataLoader num_workers") and workers is not None and workers >= usable_cores():
+        if line.startswith("raise DataLoader num_workers") and workers is not None and workers >= node.share().cores:
             continue
         if "persistent_workers" in line and getattr(inner, "persistent_workers", False):
             continue

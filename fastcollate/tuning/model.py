@@ -212,6 +212,26 @@ def worker_counts(cores: int, waiting: float, most: int | None = None) -> list[i
     return sorted(out)
 
 
+def fewest_workers(make_s: float, cpu_s: float, main_s: float, step_s: float, cores: int, *,
+                   step_cpu: bool = True, prefetch: int = 2, most: int | None = None,
+                   batches: int = 256) -> tuple[int, dict[int, float]]:
+    """The fewest workers this model predicts within 5% of the best rate, from what a trace
+    measured per batch: ``make_s`` a batch's fetch + collate in a worker, ``cpu_s`` of it on the
+    CPU (the rest waited: I/O, sleeps), ``main_s`` the main process's own part, ``step_s`` the
+    user's step; on ``cores`` (this rank's share). Returns the count and each count's batches/s
+    (steady state: the pool already started). What the StallMonitor advises and what the doctor
+    and the auto mode choose come from this one model."""
+    make_s = max(make_s, 1e-9)
+    cpu_s = min(max(cpu_s, 0.0), make_s)
+    prof = Profile(kind="fastcollate", workers=1, make_s=[make_s], fetch_s=[make_s], worker_cpu_s=cpu_s,
+                   main_cpu_s=main_s, cpu_s=cpu_s)
+    work = Workload(batches=batches, batch_size=1, epochs=1, cores=max(1, cores), step_s=step_s, step_cpu=step_cpu)
+    rates = {w: predict(Setting("fastcollate", w, prefetch, persistent_workers=True), prof, work)["samples_per_s"]
+             for w in worker_counts(max(1, cores), 1.0 - cpu_s / make_s, most) if w}
+    best = max(rates.values())
+    return min(w for w, r in rates.items() if r >= 0.95 * best), rates
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b) if b else 0
 
