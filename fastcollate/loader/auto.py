@@ -81,6 +81,17 @@ def check_value(name: str, value: Any) -> None:
         raise ValueError(f"fastcollate.DataLoader: {name} must be an int or \"auto\", got {value!r}")
 
 
+def _timed(collate_fn: Any, marks: list[float]) -> Any:
+    """``collate_fn`` that writes its start and end into ``marks`` (the fetch's collate apart)."""
+    def timed_collate(data: Any) -> Any:
+        marks[0] = now()
+        try:
+            return collate_fn(data)
+        finally:
+            marks[1] = now()
+    return timed_collate
+
+
 def resolve(arguments: dict[str, Any]) -> "AutoTuner | None":
     """torch's DataLoader arguments (bound, defaults applied) with ``num_workers`` and
     ``prefetch_factor`` possibly "auto": replaced there by where the climb starts; returns the
@@ -168,15 +179,7 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
             cpu0 = thread_cpu()
             if fetcher is not None:  # no workers: the fetch runs in this call; its collate timed apart
                 sw0, marks, collate_fn = _trace.voluntary_switches(), [0.0, 0.0], fetcher.collate_fn
-
-                def timed_collate(data: Any) -> Any:
-                    marks[0] = now()
-                    try:
-                        return collate_fn(data)
-                    finally:
-                        marks[1] = now()
-
-                fetcher.collate_fn = timed_collate
+                fetcher.collate_fn = _timed(collate_fn, marks)
         t0 = now()
         try:
             batch = next_data(ref())
@@ -270,15 +273,7 @@ class FetchTimer:
             self.memory_at = t0 + MEMORY_FIRST_S
         marks = [0.0, 0.0]
         collate_fn = fetcher.collate_fn
-
-        def timed_collate(data: Any) -> Any:
-            marks[0] = now()
-            try:
-                return collate_fn(data)
-            finally:
-                marks[1] = now()
-
-        fetcher.collate_fn = timed_collate
+        fetcher.collate_fn = _timed(collate_fn, marks)
         try:
             out = fetch(fetcher, index)
         finally:
