@@ -84,22 +84,36 @@ def check(name, ds, batch_size, epochs=2, step=None, workers=(0, 1, 2), **base):
                        f"({ratio['min']:.2f}-{ratio['max']:.2f}); doctor {doctor_s:.1f} s, grid {grid_s:.1f} s"}
 
 
-def grid_cases():
-    yield check("slow __getitem__, main process", dd.SlowGetitem(n=1024, per_sample=300e-6), 16, epochs=1,
-                num_workers=0)
-    yield check("spawned workers every epoch", dd.Cheap(n=256), 32, epochs=3, num_workers=2,
-                multiprocessing_context="spawn", persistent_workers=False)
-    yield check("tiny batches", dd.Cheap(n=1024), 2, epochs=1, num_workers=2)
-    yield check("rare slow samples, prefetch 1", dd.RareSlow(n=384), 8, epochs=1, workers=(0, 1, 2, 4, 8),
-                num_workers=2, prefetch_factor=1)
-    yield check("many fields, default_collate", dd.ManyFields(n=8192, fields=40), 64, epochs=1, num_workers=2)
-    yield check("compute-bound step", dd.Cheap(n=256), 32, epochs=1, step=dd.compute_step(0.05), num_workers=0)
-    yield check("I/O: 3 ms wait a sample", dd.Sleepy(n=512, wait=3e-3), 16, epochs=1, workers=(0, 1, 2, 4, 8),
-                num_workers=2)
+def _chosen(name, words):
+    return not words or any(w in name for w in words)
 
 
-def budget_cases():
+GRID = [
+    ("slow __getitem__, main process", lambda: (dd.SlowGetitem(n=1024, per_sample=300e-6), 16),
+     dict(epochs=1, num_workers=0)),
+    ("spawned workers every epoch", lambda: (dd.Cheap(n=256), 32),
+     dict(epochs=3, num_workers=2, multiprocessing_context="spawn", persistent_workers=False)),
+    ("tiny batches", lambda: (dd.Cheap(n=1024), 2), dict(epochs=1, num_workers=2)),
+    ("rare slow samples, prefetch 1", lambda: (dd.RareSlow(n=384), 8),
+     dict(epochs=1, workers=(0, 1, 2, 4, 8), num_workers=2, prefetch_factor=1)),
+    ("many fields, default_collate", lambda: (dd.ManyFields(n=8192, fields=40), 64), dict(epochs=1, num_workers=2)),
+    ("compute-bound step", lambda: (dd.Cheap(n=256), 32), dict(epochs=1, step=dd.compute_step(0.05), num_workers=0)),
+    ("I/O: 3 ms wait a sample", lambda: (dd.Sleepy(n=512, wait=3e-3), 16),
+     dict(epochs=1, workers=(0, 1, 2, 4, 8), num_workers=2)),
+]
+
+
+def grid_cases(words=()):
+    for name, make, kw in GRID:
+        if _chosen(name, words):
+            ds, batch_size = make()
+            yield check(name, ds, batch_size, **kw)
+
+
+def budget_cases(words=()):
     for budget in (5.0, 15.0):
+        if not _chosen(f"budget_s={budget:g}", words):
+            continue
         t0 = time.monotonic()
         fastcollate.doctor(dd.SlowGetitem(n=2048, per_sample=300e-6), batch_size=16, epochs=2, num_workers=0,
                            budget_s=budget)
@@ -119,9 +133,11 @@ def _adversarial(tmp):
             ("reads a file", dd.ReadsFile(path), {"num_workers": 0})]
 
 
-def adversarial_cases(runs):
+def adversarial_cases(runs, words=()):
     with tempfile.TemporaryDirectory() as tmp:
         for name, ds, kw in _adversarial(tmp):
+            if not _chosen(name, words):
+                continue
             cached = persistent = 0
             t0 = time.monotonic()
             for _ in range(runs):
@@ -138,12 +154,14 @@ def main() -> int:
     ap.add_argument("which", nargs="?", default="all", choices=("grid", "budget", "adversarial", "all"))
     ap.add_argument("--runs", type=int, default=20, help="doctor runs per adversarial dataset")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--cases", help="only the cases whose name holds one of these comma-separated words")
     args = ap.parse_args()
+    words = [w.strip() for w in (args.cases or "").split(",") if w.strip()]
     rows = []
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
-    parts = {"grid": grid_cases, "budget": budget_cases, "adversarial": lambda: adversarial_cases(args.runs)}
+    parts = {"grid": grid_cases, "budget": budget_cases, "adversarial": lambda w: adversarial_cases(args.runs, w)}
     for which in (parts if args.which == "all" else [args.which]):
-        for row in parts[which]():
+        for row in parts[which](words):
             rows.append(row)
             print(f"{'PASS' if row['pass'] else 'FAIL'}  {row['case']}: {row['figures']}"
                   + (f"  [failed: {', '.join(row['failed'])}]" if row["failed"] else ""), flush=True)

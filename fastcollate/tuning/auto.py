@@ -397,12 +397,6 @@ def predict(state: State, c: Choice, m: EpochMeasure, budget: Budget,
     prof = profiles.get(c.workers > 0)
     if prof is None:
         return None
-    if c.workers and prof.start_s and prof.start_workers:
-        # torch starts a pool's workers one after another: measured here, the first batch came
-        # 21.8/40.6/80.6 ms after the start with 2/4/8 forked workers on 2 cores -- linear, steeper
-        # than model.start_cost (fitted on whole epochs the doctor predicts, where a linear rule was
-        # 7% slow); the auto mode measures this pool's own start and scales it for the others
-        prof = dataclasses.replace(prof, start_s=prof.start_s * c.workers / prof.start_workers, start_workers=c.workers)
     batches = max(1, m.batches if m.whole else (state.limits.batches_per_epoch or m.batches))
     if batches > REPLAY:  # the first REPLAY batches, with the epoch's start-up in proportion
         scale = REPLAY / batches
