@@ -38,8 +38,12 @@ class NoGil {
   }
   ~NoGil() {
     if (exit_gate::must_park()) leave_and_park();
-    exit_gate::inside.fetch_sub(1, std::memory_order_acq_rel);
+    // counted inside until the GIL is back: a thread that had passed the check and waited for the
+    // GIL when close_for_exit ran was no longer counted, so the exit did not wait for it and
+    // finalization ended it in here (1 exit in 12 aborted beside a CPU load); close_for_exit
+    // waits with the GIL released, so this thread gets it, leaves, and parks at its next call
     PyEval_RestoreThread(state_);
+    exit_gate::inside.fetch_sub(1, std::memory_order_acq_rel);
   }
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;
