@@ -173,13 +173,12 @@ def _workers_wanted(stages: dict, records: list[Any], per_batch: float, cores: i
 
 def advice(bottleneck: str | None, stages: dict, workers: list, queue: dict, facts: dict,
            records: list[Any]) -> list[str]:
-    share = node.share()  # under torchrun, this rank's part of the node, not every core
-    cores = share.cores
-    on = (f"{cores} cores" if share.ranks <= 1 else
-          f"this rank's {cores} core{'s' if cores != 1 else ''} (of {share.node_cores}, {share.ranks} ranks on the node)")
+    mine = node.share()  # under torchrun, this rank's part of the node, not every core
+    cores = mine.cores
+    on = (f"{cores} cores" if mine.ranks <= 1 else
+          f"this rank's {cores} core{'s' if cores != 1 else ''} (of {mine.node_cores}, {mine.ranks} ranks on the node)")
     n = facts["workers"]
     fetch, collate = _mean(stages, "fetch"), _mean(stages, "collate")
-    step = _mean(stages, "compute") or _mean(stages, "wait")
     per_batch = fetch + collate
     samples = [r.samples for r in records if r.samples]
     per_sample_ms = 1e3 * fetch / statistics.fmean(samples) if samples else 0.0
