@@ -54,7 +54,8 @@ def format_diagnosis(d: Any, dataset: str = "dataset") -> str:
                      f"(in {mem['measured_in']})")
     elif mem.get("workers_private_mb"):
         lines.append(f"workers' private memory: {', '.join(f'{m:.0f} MB' for m in mem['workers_private_mb'])} "
-                     f"(grew {mem['growth_mb']:.0f} MB each)")
+                     + (f"(grew {mem['growth_mb']:.0f} MB each)" if mem["growth_mb"] >= 0.5 else
+                        "(did not grow)"))
     if p["changes"]:
         lines += ["", "the proposal, as code:", "  import fastcollate, torch",
                   f"  dataset = ...  # {dataset}", *_code_lines(d.code())]
