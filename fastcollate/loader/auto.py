@@ -43,7 +43,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils import fetch as _tfetch
 
 from .. import _trace
-from ..tuning import auto as plan, load, node
+from ..tuning import auto as plan, load, node, spikes
 from ..tuning.measure import batch_len
 from ..tuning.memory import private_mb
 
@@ -51,17 +51,15 @@ logger = logging.getLogger("fastcollate")
 AUTO = "auto"
 # a row of counters: one per worker (and one in the main process with no workers), each a double.
 # Every batch: BATCHES counts it, WALL sums its wall time (the row's first batch, cold -- imports,
-# first calls, page faults -- goes to FIRST_WALL instead, WALLED counts the others), SPIKES and
-# SPIKE_S count the batches that took more than SPIKE_FACTOR times the mean (rare slow samples: a
-# remote read, a retry) and their excess. A sample of them (TIMED; TIMED_WALL their wall time):
+# first calls, page faults -- goes to FIRST_WALL instead, WALLED counts the others) and adds it to
+# the histogram at HIST (the rare slow batches are told apart from it: fastcollate.tuning.spikes).
+# A sample of them (TIMED; TIMED_WALL their wall time):
 # COLLATE, CPU (the fetching thread's) and BLOCKED (the time it blocked of its own accord) --
 # scaled to the others by wall time. PROC_NOW, PROC_FIRST: the worker's process CPU at its latest
 # timed batch and before its first; MB: its private memory, the largest read.
-(BATCHES, WALLED, WALL, FIRST_WALL, SPIKES, SPIKE_S, TIMED, TIMED_WALL, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST,
- MB) = range(14)
-COLUMNS = 16  # 128 bytes a row: two workers never write the same cache line
-SPIKE_FACTOR = 4.0
-SPIKE_MIN_S = 1e-3
+(BATCHES, WALLED, WALL, FIRST_WALL, TIMED, TIMED_WALL, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST, MB,
+ HIST) = range(13)
+COLUMNS = -(-(HIST + spikes.COLUMNS) // 8) * 8  # whole 64-byte lines: two workers never write the same one
 # what timing one batch in full costs (measured on 2 cores: the CPU clocks and getrusage are system
 # calls of ~0.5 us each); batches are timed in full one in as many as keep that under 1% of them
 FETCH_TIMING_S = 5e-6
@@ -141,16 +139,16 @@ class EpochClock:
 
     __slots__ = ("t0", "proc0", "busy0", "batches", "samples", "wait", "cpu", "cpu_n", "size", "first", "end",
                  "proc_end", "busy_end", "whole", "batch_bytes", "countdown", "full_t", "full_n", "started",
-                 "choice", "first_wait", "fetcher", "timed_wait", "collate", "blocked", "spikes", "spike_s")
+                 "choice", "first_wait", "fetcher", "timed_wait", "collate", "blocked", "hist")
 
     def __init__(self, choice: plan.Choice, machine: bool = True) -> None:
         self.choice = choice
         # the machine's busy time (what other processes take): only while there is something to decide
         self.t0, self.proc0, self.busy0 = now(), time.process_time(), load.busy_seconds() if machine else None
         self.batches = self.samples = self.batch_bytes = self.cpu_n = self.size = self.countdown = self.full_n = 0
-        self.spikes = 0
+        self.hist = [0.0] * spikes.COLUMNS  # of the batches after the first, with no workers
         self.wait = self.cpu = self.first = self.first_wait = self.end = self.proc_end = self.full_t = 0.0
-        self.timed_wait = self.collate = self.blocked = self.spike_s = 0.0
+        self.timed_wait = self.collate = self.blocked = 0.0
         self.busy_end: float | None = None
         self.whole = self.started = False
         self.fetcher: Any = None
@@ -194,11 +192,10 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
         t1 = now()
         w = t1 - t0
         n = c.batches
-        if c.fetcher is not None and n >= 5:  # a slow batch: several times the mean of those after the first
-            mean = (c.wait - c.first_wait) / (n - 1)
-            if w > SPIKE_FACTOR * mean and w - mean > SPIKE_MIN_S:
-                c.spikes += 1
-                c.spike_s += w - mean
+        if c.fetcher is not None and n:  # spikes.add, inline: every batch of an epoch goes through here
+            k = min(2 * int(w * spikes.INV_FLOOR).bit_length(), spikes.LAST)
+            c.hist[k] += 1
+            c.hist[k + 1] += w
         c.wait += w
         c.batches = n + 1
         c.end = t1
@@ -301,14 +298,11 @@ class FetchTimer:
         if not row[BATCHES]:
             row[FIRST_WALL] = wall
         else:
-            walled = row[WALLED]
-            if walled >= 4:
-                mean = row[WALL] / walled
-                if wall > SPIKE_FACTOR * mean and wall - mean > SPIKE_MIN_S:
-                    row[SPIKES] += 1
-                    row[SPIKE_S] += wall - mean
+            k = HIST + min(2 * int(wall * spikes.INV_FLOOR).bit_length(), spikes.LAST)  # spikes.add, inline
+            row[k] += 1
+            row[k + 1] += wall
             row[WALL] += wall
-            row[WALLED] = walled + 1
+            row[WALLED] += 1
         row[BATCHES] += 1
 
 
@@ -458,7 +452,7 @@ class AutoTuner:
             m.fetch_cpu_s, m.fetch_blocked_s = float((d[:, CPU] * share).sum()), float((d[:, BLOCKED] * share).sum())
             m.worker_cpu_s = float(np.clip(rows[:, PROC_NOW] - base, 0, None)[d[:, BATCHES] > 0].sum())
             m.worker_mb = float(rows[:, MB].max()) if len(rows) else 0.0
-            m.spikes, m.spike_s = int(d[:, SPIKES].sum()), float(d[:, SPIKE_S].sum())
+            m.spikes, m.spike_s = spikes.spikes(d[:, HIST:HIST + spikes.COLUMNS].sum(axis=0))
             if self._snap is None and len(rows):
                 m.first_make_s = float(rows[0, FIRST_WALL])  # batch 0 is worker 0's first
         elif c.fetcher is not None:
@@ -469,7 +463,7 @@ class AutoTuner:
             m.fetch_s = max(0.0, c.wait - m.collate_s)
             m.fetch_cpu_s = m.worker_cpu_s = main_cpu
             m.fetch_blocked_s = m.main_blocked_s = c.blocked * share
-            m.spikes, m.spike_s = c.spikes, c.spike_s
+            m.spikes, m.spike_s = spikes.spikes(c.hist)
         if busy_end is not None and c.busy0 is not None and m.wall_s > 0:
             # what other processes kept busy meanwhile: the machine's busy time less this loop's own
             # -- its workers' whole CPU, their start-up included (a new process's clock starts at 0)

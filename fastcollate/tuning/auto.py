@@ -462,7 +462,9 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
     here = predict(state, cur, m, budget, profiles)
     if here is not None and here > 0 and rate > 0:
         # what the model got wrong about this epoch, it gets wrong about the settings that load the
-        # same way: their predictions are scaled by it (the other way's by its own, once measured)
+        # same way: their predictions are scaled by it -- and the other way's too until that is
+        # measured (its own error then): scaled on one side only, a model 2x fast on workers made
+        # the unmeasured main process look best, and the loader settled there at half the rate
         state.calibration[cur.workers > 0] = min(CALIBRATION_LIMIT, max(1 / CALIBRATION_LIMIT, rate / here))
     scored = []
     for c in options:
@@ -470,7 +472,7 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
             continue  # a setting measured already is known: the climb does not go back to it
         p = predict(state, c, m, budget, profiles)
         if p is not None:
-            scored.append((p * state.calibration.get(c.workers > 0, 1.0), c))
+            scored.append((p * state.calibration.get(c.workers > 0, state.calibration[cur.workers > 0]), c))
     if here is None or not scored:
         state.settled = True
         return Record(m.epoch, "keep", cur, cur, f"{held}nothing else to try within {words}; settled", measured=m,
