@@ -462,9 +462,12 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
     here = predict(state, cur, m, budget, profiles)
     if here is not None and here > 0 and rate > 0:
         # what the model got wrong about this epoch, it gets wrong about the settings that load the
-        # same way: their predictions are scaled by it -- and the other way's too until that is
-        # measured (its own error then): scaled on one side only, a model 2x fast on workers made
-        # the unmeasured main process look best, and the loader settled there at half the rate
+        # same way: their predictions are scaled by it. The other way's, until measured, are taken
+        # at face value: that is how the climb comes to try it -- a worker can be several times
+        # slower than the main process at the same fetch (many small fields: a forked worker's
+        # first touch of each cached object copies its page), which no worker measurement shows.
+        # Scaled by this error instead, main-process loading was never tried there (23% of the
+        # grid's best, docs/benchmarks/auto.md)
         state.calibration[cur.workers > 0] = min(CALIBRATION_LIMIT, max(1 / CALIBRATION_LIMIT, rate / here))
     scored = []
     for c in options:
@@ -472,7 +475,7 @@ def decide(state: State, m: EpochMeasure, budget: Budget) -> Record | None:
             continue  # a setting measured already is known: the climb does not go back to it
         p = predict(state, c, m, budget, profiles)
         if p is not None:
-            scored.append((p * state.calibration.get(c.workers > 0, state.calibration[cur.workers > 0]), c))
+            scored.append((p * state.calibration.get(c.workers > 0, 1.0), c))
     if here is None or not scored:
         state.settled = True
         return Record(m.epoch, "keep", cur, cur, f"{held}nothing else to try within {words}; settled", measured=m,
