@@ -56,7 +56,7 @@ CASES = {
     "slow": ("slow __getitem__, main process", lambda: dd.SlowGetitem(n=1024, per_sample=300e-6), 16, {"num_workers": 0}, None),
     "spawn": ("spawned workers every epoch", lambda: dd.Cheap(n=256), 32,
                                     {"num_workers": 2, "multiprocessing_context": "spawn"}, None),
-    "tiny": ("tiny batches", lambda: dd.Cheap(n=1024), 2, {"num_workers": 2}, None),
+    "tiny": ("tiny batches", lambda: dd.Cheap(n=16384), 2, {"num_workers": 2}, None),
     "rare": ("rare slow samples, prefetch 1", lambda: dd.RareSlow(n=384), 8, {"num_workers": 2, "prefetch_factor": 1}, None),
     "fields": ("many fields", lambda: dd.ManyFields(n=4096, fields=40), 64, {"num_workers": 2}, None),
     "compute": ("compute-bound step", lambda: dd.Cheap(n=256), 32, {"num_workers": 0}, dd.compute_step(0.02)),
@@ -165,7 +165,7 @@ def overhead(rounds, say):
     import numpy as np
 
     class Tuner:
-        clock = la.EpochClock(plan.Choice(2))
+        _clock = la.EpochClock(plan.Choice(2))
 
     class It:
         def __init__(self):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastcollate.loader import auto as la
-from fastcollate.tuning import spikes
+from fastcollate.tuning import auto as plan, spikes
 
 
 def hist_of(walls):
@@ -55,3 +55,50 @@ def test_the_workers_inline_counting_is_the_functions():
     # a row's first batch is its start-up (FIRST_WALL), not in the histogram
     assert list(row[la.HIST:la.HIST + spikes.COLUMNS]) == hist_of(walls[1:])
     assert row[la.FIRST_WALL] == walls[0] and row[la.BATCHES] == len(walls)
+
+
+def test_the_main_process_clock_counts_every_batch_as_the_function_does(monkeypatch):
+    # no workers: the consumer's clock times each fetch, most batches on a short path and one now
+    # and then in full (the countdown); both paths must add the same as spikes.add, and every batch
+    rng = random.Random(3)
+    q = 2.0 ** -20  # ~1 us: times in whole steps of it add up exactly
+    walls = [q * rng.choice([21, 315, 41943, 2097152]) for _ in range(400)]  # 20 us, 0.3 ms, 40 ms, 2 s
+    ticks = iter([0.0])  # the clock's start
+    monkeypatch.setattr(la, "now", lambda: next(ticks))
+
+    class Fetcher:
+        collate_fn = staticmethod(lambda d: d)
+
+    class It:
+        def __init__(self):
+            self.left = len(walls)
+
+        def _next_data(self):
+            if not self.left:
+                raise StopIteration
+            self.left -= 1
+            return [0, 0]
+
+    # each next() reads the clock before and after the fetch: the scripted times make the walls
+    t, script = 0.0, []
+    for w in walls:
+        script += [t, t + w]
+        t += w + q
+    script += [t, t, t]  # the call that ends the epoch
+    clock = la.EpochClock(plan.Choice(0), machine=False)
+    clock.fetcher = Fetcher()
+    ticks = iter(script)
+
+    class Tuner:
+        _clock = clock
+
+    it = It()
+    nxt = la.timed_next(Tuner(), it)
+    got = []
+    with pytest.raises(StopIteration):
+        while True:
+            got.append(nxt())
+    assert len(got) == clock.batches == len(walls) and clock.samples == 2 * len(walls)
+    assert 0 < clock.cpu_n < len(walls)  # both paths taken
+    assert clock.hist == hist_of(walls[1:])  # the epoch's first batch is its start-up, apart
+    assert clock.wait == pytest.approx(sum(walls))

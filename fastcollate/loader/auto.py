@@ -60,9 +60,10 @@ AUTO = "auto"
 (BATCHES, WALLED, WALL, FIRST_WALL, TIMED, TIMED_WALL, COLLATE, CPU, BLOCKED, PROC_NOW, PROC_FIRST, MB,
  HIST) = range(13)
 COLUMNS = -(-(HIST + spikes.COLUMNS) // 8) * 8  # whole 64-byte lines: two workers never write the same one
-# what timing one batch in full costs (measured on 2 cores: the CPU clocks and getrusage are system
-# calls of ~0.5 us each); batches are timed in full one in as many as keep that under 1% of them
-FETCH_TIMING_S = 5e-6
+# what timing one batch in full costs (measured on 2 cores, in the loader: batches of 2 cheap samples
+# with no workers, every one timed in full, took 8 us more each than untimed -- the CPU clocks and
+# getrusage are system calls); batches are timed in full one in as many as keep that under 1% of them
+FETCH_TIMING_S = 8e-6
 CONSUMER_TIMING_S = 2e-6
 MAX_SKIP = 63
 BUDGET_EVERY_S = 30.0  # the rank's share is read again after this long
@@ -166,25 +167,47 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
     a reference back to it would keep it (and its workers) alive until a garbage collection, and a
     worker forked meanwhile would inherit it."""
     next_data, ref = type(it)._next_data, weakref.ref(it)
+    inv_floor, last = spikes.INV_FLOOR, spikes.LAST
 
     def _next_data() -> Any:
-        c = tuner.clock
+        c = tuner._clock
         if c is None:
             return next_data(ref())
-        full = c.countdown <= 0
-        fetcher = c.fetcher if full else None
-        if full:
-            cpu0 = thread_cpu()
-            if fetcher is not None:  # no workers: the fetch runs in this call; its collate timed apart
-                sw0, marks, collate_fn = _trace.voluntary_switches(), [0.0, 0.0], fetcher.collate_fn
-                fetcher.collate_fn = _timed(collate_fn, marks)
+        if c.countdown <= 0:
+            return _timed_in_full(c)
+        # every other batch: as few operations as can be, they are the whole cost of measuring on
+        # tiny batches (a batch of 2 cheap samples takes ~17 us with no workers on 2 cores)
+        c.countdown -= 1
         t0 = now()
         try:
             batch = next_data(ref())
         except StopIteration:
-            c.end, c.proc_end, c.whole = now(), time.process_time(), True
-            c.busy_end = load.busy_seconds() if c.busy0 is not None else None
-            c.wait += c.end - t0  # the call that ends the epoch (workers joined): the loader's, not a step
+            _ended(c, t0)
+            raise
+        t1 = now()
+        w = t1 - t0
+        if c.fetcher is not None:  # spikes.add, inline (never the epoch's first batch: that one is timed in full)
+            k = min(2 * int(w * inv_floor).bit_length(), last)
+            hist = c.hist
+            hist[k] += 1
+            hist[k + 1] += w
+        c.wait += w
+        c.batches += 1
+        c.end = t1
+        c.samples += c.size
+        return batch
+
+    def _timed_in_full(c: EpochClock) -> Any:
+        cpu0 = thread_cpu()
+        fetcher = c.fetcher
+        if fetcher is not None:  # no workers: the fetch runs in this call; its collate timed apart
+            sw0, marks, collate_fn = _trace.voluntary_switches(), [0.0, 0.0], fetcher.collate_fn
+            fetcher.collate_fn = _timed(collate_fn, marks)
+        t0 = now()
+        try:
+            batch = next_data(ref())
+        except StopIteration:
+            _ended(c, t0)
             raise
         finally:
             if fetcher is not None:
@@ -192,38 +215,40 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
         t1 = now()
         w = t1 - t0
         n = c.batches
-        if c.fetcher is not None and n:  # spikes.add, inline: every batch of an epoch goes through here
-            k = min(2 * int(w * spikes.INV_FLOOR).bit_length(), spikes.LAST)
-            c.hist[k] += 1
-            c.hist[k + 1] += w
+        if fetcher is not None and n:
+            spikes.add(c.hist, 0, w)
         c.wait += w
         c.batches = n + 1
         c.end = t1
-        if full:
-            cpu = thread_cpu() - cpu0
-            c.cpu += cpu
-            c.cpu_n += 1
-            if fetcher is not None:
-                c.timed_wait += w
-                c.collate += marks[1] - marks[0] if marks[1] else 0.0
-                c.blocked += _trace.blocked_time(max(0.0, w - cpu), sw0, _trace.voluntary_switches())
-            c.size = batch_len(batch)  # the batches between two timed ones count as the same size
-            if n == 0:
-                c.first, c.first_wait = t1 - c.t0, w
-                c.batch_bytes = tensor_bytes(batch)
-            # the next timed batch: soon enough to follow the epoch, rarely enough that the CPU clock
-            # reads (system calls) stay under 1% of a batch
-            per = (t1 - c.full_t) / max(1, n + 1 - c.full_n) if c.full_n else w
-            cost = FETCH_TIMING_S if fetcher is not None else CONSUMER_TIMING_S
-            c.countdown = min(MAX_SKIP, int(cost / max(per, 1e-9) / 0.01))
-            c.full_t, c.full_n = t1, n + 1
-        else:
-            c.countdown -= 1
+        cpu = thread_cpu() - cpu0
+        c.cpu += cpu
+        c.cpu_n += 1
+        if fetcher is not None:
+            c.timed_wait += w
+            c.collate += marks[1] - marks[0] if marks[1] else 0.0
+            c.blocked += _trace.blocked_time(max(0.0, w - cpu), sw0, _trace.voluntary_switches())
+        c.size = batch_len(batch)  # the batches between two timed ones count as the same size
+        if n == 0:
+            c.first, c.first_wait = t1 - c.t0, w
+            c.batch_bytes = tensor_bytes(batch)
+        # the next timed batch: soon enough to follow the epoch, rarely enough that the CPU clock
+        # reads (system calls) stay under 1% of a batch
+        per = (t1 - c.full_t) / max(1, n + 1 - c.full_n) if c.full_n else w
+        cost = FETCH_TIMING_S if fetcher is not None else CONSUMER_TIMING_S
+        c.countdown = min(MAX_SKIP, int(cost / max(per, 1e-9) / 0.01))
+        c.full_t, c.full_n = t1, n + 1
         c.samples += c.size
         return batch
 
     _next_data.fastcollate_auto = True  # type: ignore[attr-defined]
     return _next_data
+
+
+def _ended(c: EpochClock, t0: float) -> None:
+    """The call that ended the epoch (StopIteration; workers joined): the loader's, not a step."""
+    c.end, c.proc_end, c.whole = now(), time.process_time(), True
+    c.busy_end = load.busy_seconds() if c.busy0 is not None else None
+    c.wait += c.end - t0
 
 
 def tensor_bytes(x: Any) -> int:
