@@ -84,7 +84,7 @@ def test_the_main_process_clock_counts_every_batch_as_the_function_does(monkeypa
     for w in walls:
         script += [t, t + w]
         t += w + q
-    script += [t, t, t]  # the call that ends the epoch
+    script += [t, t]  # the call that ends the epoch: before it, and when it raised
     clock = la.EpochClock(plan.Choice(0), machine=False)
     clock.fetcher = Fetcher()
     ticks = iter(script)

@@ -175,8 +175,8 @@ def timed_next(tuner: "AutoTuner", it: Any) -> Callable[[], Any]:
             return next_data(ref())
         if c.countdown <= 0:
             return _timed_in_full(c)
-        # every other batch: as few operations as can be, they are the whole cost of measuring on
-        # tiny batches (a batch of 2 cheap samples takes ~17 us with no workers on 2 cores)
+        # the batches between two timed in full: as few operations as can be, they are the whole
+        # cost of measuring on tiny batches (2 cheap samples take ~17 us with no workers on 2 cores)
         c.countdown -= 1
         t0 = now()
         try:

@@ -168,8 +168,8 @@ def predict(setting: Setting, profile: Profile, work: Workload) -> dict[str, flo
             busy = max(t - start, 1e-9)
             worker_util = min(float(W), (profile.worker_cpu_s + extra_cpu) * work.batches / busy)
             main_util = min(1.0, (profile.main_cpu_s + (step if work.step_cpu else 0.0)) * work.batches / busy)
-            settled, factor = factor, max(1.0, (worker_util + main_util) / cores)
-            if factor == settled:  # the same slowing again would play out the same: t is final
+            before, factor = factor, max(1.0, (worker_util + main_util) / cores)
+            if factor == before:  # the same slowing again would play out the same: t is final
                 break
         total += t
         parts["start_s"] += start
