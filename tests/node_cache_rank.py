@@ -25,8 +25,8 @@ from fastcollate.data import cache as cache_mod  # noqa: E402
 from helpers import assert_identical  # noqa: E402
 
 
-def sample(kind: str, i: int) -> dict:
-    g = torch.Generator().manual_seed(1000 * len(kind) + i)
+def sample(kind: str, i: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(1000 * len(kind) + i + 7919 * seed)
     return {"x": torch.randint(0, 256, (64 + i,), dtype=torch.uint8, generator=g), "i": i, "kind": kind}
 
 
@@ -35,20 +35,37 @@ class Numbers(Dataset):
 
     kind = "numbers"
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, seed: int = 0) -> None:
         self.n = n
         self.fetched = torch.zeros(n, dtype=torch.int64).share_memory_()
+        if seed:  # other content of the same type and length (a per-rank shard, another split)
+            self.seed = seed
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> dict:
         self.fetched[i] += 1
-        return sample(self.kind, i)
+        return sample(self.kind, i, self.content())
+
+    def content(self) -> int:
+        return getattr(self, "seed", 0)
 
 
 class Letters(Numbers):
     kind = "letters"
+
+
+class Opaque(Numbers):
+    """Its content comes from outside the object (the environment), and it holds a handle the
+    fingerprint cannot see into: the fingerprint samples, so a joining rank spot-checks."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        super().__init__(n)
+        self.handle = object()  # no __dict__, no slots: nothing the fingerprint can read
+
+    def content(self) -> int:
+        return int(os.environ.get("NODE_CACHE_CONTENT", "0"))
 
 
 DEFAULT_CALLS = []
@@ -91,21 +108,24 @@ def main() -> None:
             if op == "open":
                 if "default" in req:
                     cache_mod.default_max_bytes = fake_default(req["default"])
-                base = (Letters if req.get("kind") == "letters" else Numbers)(req["n"])
-                kw = {k: req[k] for k in ("name", "max_bytes", "node", "group") if k in req}
+                if "content" in req:
+                    os.environ["NODE_CACHE_CONTENT"] = str(req["content"])
+                kind = {"letters": Letters, "opaque": Opaque}.get(req.get("kind"), Numbers)
+                base = kind(req["n"], req.get("seed", 0))
+                kw = {k: req[k] for k in ("name", "max_bytes", "node", "group", "key") if k in req}
                 datasets[ref] = cache_mod.Cached(base, **kw)
                 answer = describe(datasets[ref])
             elif op == "fetch":
                 ds = datasets[ref]
                 for i in req["idx"]:
-                    assert_identical(ds[i], sample(ds.dataset.kind, i))
+                    assert_identical(ds[i], sample(ds.dataset.kind, i, ds.dataset.content()))
                 answer = {"stats": ds.stats(), "fetched": ds.dataset.fetched.tolist()}
             elif op == "load":
                 ds = datasets[ref]
                 loader = DataLoader(ds, batch_size=None, sampler=req["idx"], num_workers=req["workers"],
                                     multiprocessing_context=req.get("context"), collate_fn=first, timeout=120)
                 for i, got in zip(req["idx"], loader):
-                    assert_identical(got, sample(ds.dataset.kind, i))
+                    assert_identical(got, sample(ds.dataset.kind, i, ds.dataset.content()))
                 answer = {"stats": ds.stats(), "fetched": ds.dataset.fetched.tolist()}
             elif op == "claim":  # what a writer does first; then it is killed before it publishes
                 ds = datasets[ref]

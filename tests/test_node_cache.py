@@ -29,6 +29,7 @@ from procs import processes_with
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK = os.path.join(ROOT, "tests", "node_cache_rank.py")
 TRAIN = os.path.join(ROOT, "tests", "node_cache_train.py")
+SHARDS = os.path.join(ROOT, "tests", "node_cache_shards.py")
 LAUNCH_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
               "SLURM_STEP_ID", "SLURM_NTASKS_PER_NODE", cache_node.ENV_GROUP, cache_node.ENV_DIR)
 
@@ -214,6 +215,47 @@ def test_without_restarts_to_survive_there_is_no_keeper(node):
     assert node(1, agent=True, TORCHELASTIC_MAX_RESTARTS="0").ok("open", n=4)["keeper"] is None
 
 
+def test_another_dataset_of_the_same_type_and_length_is_refused_never_served(node):
+    a, b = node(0), node(1)
+    ra = a.ok("open", n=16, seed=1)  # rank 0's shard
+    a.ok("fetch", idx=list(range(16)))
+    got = b.ask("open", n=16, seed=2)  # rank 1's: same type, same length, other samples
+    assert "error" in got and "ValueError" in got["error"], got
+    for words in ("not the same content", "attribute seed", "key=f'shard-{rank}'", "node=False",
+                  f"pid {ra['pid']}, local rank 0"):
+        assert words in got["error"], got["error"]
+    # refused means nothing was taken: it holds no line in the registry, and rank 0 still serves
+    with open(ra["registry"]) as f:
+        assert [h[0] for h in json.load(f)["holders"]] == [ra["pid"]]
+    assert a.ok("fetch", idx=[3])["stats"]["holders"] == 1
+
+
+def test_a_key_per_rank_makes_separate_caches_and_one_key_shares(node):
+    a, b = node(0), node(1)
+    ra, rb = a.ok("open", n=8, seed=1, key="shard-0"), b.ok("open", n=8, seed=2, key="shard-1")
+    assert ra["made"] and rb["made"] and ra["inodes"] != rb["inodes"] and ra["registry"] != rb["registry"]
+    a.ok("fetch", idx=list(range(8)))
+    got = b.ok("fetch", idx=list(range(8)))  # its own samples (checked in the rank), fetched, not rank 0's
+    assert got["fetched"] == [1] * 8 and got["stats"]["hits"] == 0
+    # the same key on both: the user says it is the same data, whatever the state says
+    c, d = node(0), node(1)
+    rc, rd = c.ok("open", n=8, name="same", key="v1"), d.ok("open", n=8, name="same", key="v1")
+    assert rc["inodes"] == rd["inodes"] and not rd["made"]
+
+
+def test_where_the_fingerprint_can_only_sample_cached_samples_are_compared(node):
+    a, b, c = node(0), node(1), node(1)
+    a.ok("open", n=12, kind="opaque", content=1)
+    a.ok("fetch", idx=list(range(12)))
+    got = b.ask("open", n=12, kind="opaque", content=2)  # what it holds differs only outside the object
+    assert "error" in got and "differs from the cached sample" in got["error"], got
+    assert "nothing to read inside it" in got["error"]
+    rc = c.ok("open", n=12, kind="opaque", content=1)  # the same content: shared, after the check
+    assert not rc["made"]
+    got = c.ok("fetch", idx=list(range(12)))
+    assert got["stats"]["rank"]["hits"] == 12 and sum(got["fetched"]) == 4  # the 4 samples it compared
+
+
 def test_a_registry_pid_that_names_another_process_is_not_trusted(node):
     a, c = node(0), node(1)
     ra = a.ok("open", n=8, name="x")
@@ -366,14 +408,15 @@ def _gloo() -> str | None:
     return None
 
 
-def torchrun(tmp_path, ranks: int, *args: str) -> tuple[list[dict], str]:
-    """tests/node_cache_train.py under torchrun (``args``: its options; --standalone by default):
-    each rank's report, and the output."""
+def torchrun(tmp_path, ranks: int, *args: str, script: str = TRAIN, more: tuple[str, ...] = ()
+             ) -> tuple[list[dict], str]:
+    """``script`` (tests/node_cache_train.py) under torchrun (``args``: torchrun's options;
+    --standalone by default; ``more``: the script's): each rank's report, and the output."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
                FASTCOLLATE_NODE_DIR=str(tmp_path / "registry"))
     cmd = [sys.executable, "-m", "torch.distributed.run", *(args or ["--standalone"]), f"--nproc_per_node={ranks}",
-           TRAIN, "--out", str(tmp_path)] + (["--fail-once"] if "--max-restarts=1" in args else [])
+           script, "--out", str(tmp_path), *more] + (["--fail-once"] if "--max-restarts=1" in args else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -430,3 +473,21 @@ def test_torchrun_restarting_every_rank_keeps_the_cache(tmp_path):
         for e, epoch in enumerate(r["epochs"]):  # every epoch of the second attempt hits, the first included
             assert epoch["batches_equal"] and epoch["hits"] >= 0.99 * epoch["samples"], (r["rank"], e, r["epochs"])
     assert _gone(keeper[0]), "the keeper outlived the job"
+    assert not os.listdir(tmp_path / "registry"), "the keeper, the last holder, leaves no registry behind"
+
+
+@pytest.mark.skipif(_gloo() is not None, reason=str(_gloo()))
+@pytest.mark.parametrize("keyed", [False, True], ids=["default", "key-per-rank"])
+def test_torchrun_ranks_with_different_datasets_never_share(tmp_path, keyed):
+    # each rank its own shard, same type and length; rank 1 joins after rank 0 filled the cache
+    reports, out = torchrun(tmp_path, 2, script=SHARDS, more=("--key",) if keyed else ())
+    first, second = reports
+    assert first["equal"] and first["made"] and "refused" not in first
+    if keyed:  # separate caches, each rank its own samples
+        assert "refused" not in second, second
+        assert second["equal"] and second["made"] and second["inode"] != first["inode"] and second["hits"] == 0
+    else:  # refused, with what differs and what to do
+        assert "equal" not in second, "rank 1 was served a cache"
+        assert "not the same content" in second["refused"] and "attribute shard" in second["refused"]
+        assert "key=" in second["refused"]
+    assert not os.listdir(tmp_path / "registry"), "the job left a registry behind"

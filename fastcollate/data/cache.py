@@ -36,7 +36,12 @@ nothing from the others, and a rank that starts again joins what they hold; wher
 restart all the ranks at once, a keeper process holds the cache in between. The ranks find the
 same cache by key: ``name=``, else the dataset's type and how many node-wide Cached of that
 type the process made before it (a key that holds another type, length or explicit
-``max_bytes`` is refused, naming both). ``node=False`` keeps a cache private, ``node=True``
+``max_bytes`` is refused, naming both). Same type and length is not enough: the rank that makes
+the cache records the dataset's fingerprint (fastcollate.data.cache_identity: its attributes,
+arrays, file list and files' mtimes, hashed), and a rank whose fingerprint differs is refused with
+the parts that differ; where the fingerprint could only sample, a joining rank also compares a
+few cached samples with its own. ``key=`` names the content instead (different keys, different
+caches). ``node=False`` keeps a cache private, ``node=True``
 shares outside a launcher too. ``stats()`` counts the whole node; its ``rank`` entry, this
 rank's own.
 
@@ -111,7 +116,7 @@ from torch.utils.data import Dataset, IterableDataset
 from .. import _ext
 from ..core.collator import disabled
 from ..core.shm import pid_alive, send_segment, shared_segment
-from . import cache_node
+from . import cache_identity, cache_node
 from .cache_codec import ALIGN, Uncacheable, decode, encode
 from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
 from .wrapper import DatasetWrapper
@@ -201,6 +206,11 @@ class Cached(DatasetWrapper, Dataset):
             whatever the launcher says; False: private to this process and its workers.
         group: the ranks that share (default: ``FASTCOLLATE_CACHE_GROUP``, else the job the
             launcher names: ``TORCHELASTIC_RUN_ID``, ``MASTER_ADDR:MASTER_PORT``, SLURM's job).
+        key: what the dataset is, in your words, for a node-wide cache: it replaces the
+            fingerprint the ranks otherwise compare (fastcollate.data.cache_identity), and
+            different keys are different caches (a per-rank shard: ``key=f"shard-{rank}"``).
+            Without it, a rank whose dataset differs from the cache's (same type and length,
+            other content) is refused with the parts that differ, never served the other's samples.
 
     Works with torch's and fastcollate's DataLoader, any number of workers, persistent or not,
     fork, spawn or forkserver, either sharing strategy; ``stats()`` in the main process counts
@@ -226,7 +236,7 @@ class Cached(DatasetWrapper, Dataset):
 
     def __init__(self, dataset: Any, transform: Callable[[Any], Any] | None = None,
                  max_bytes: int | None = None, *, name: str | None = None, node: bool | None = None,
-                 group: str | None = None) -> None:
+                 group: str | None = None, key: str | None = None) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError("fastcollate.Cached: an IterableDataset has no indices to cache by; wrap a map-style "
                             "dataset (one with __getitem__ and __len__)")
@@ -237,7 +247,7 @@ class Cached(DatasetWrapper, Dataset):
                             f"sizes the cache's index") from exc
         if transform is not None and not callable(transform):
             raise TypeError(f"fastcollate.Cached: transform must be callable or None, got {type(transform).__name__}")
-        for arg, value in (("name", name), ("group", group)):
+        for arg, value in (("name", name), ("group", group), ("key", key)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise TypeError(f"fastcollate.Cached: {arg} must be a non-empty str or None, got {value!r}")
         if node not in (None, True, False):
@@ -247,9 +257,10 @@ class Cached(DatasetWrapper, Dataset):
             max_bytes = _check_max_bytes(max_bytes)
         self.dataset = dataset
         self.transform = transform
-        self._open(max_bytes, cache_node.group_for(node, group), name)
+        self._open(max_bytes, cache_node.group_for(node, group), name, key)
 
-    def _open(self, max_bytes: int | None, group: str | None = None, name: str | None = None) -> None:
+    def _open(self, max_bytes: int | None, group: str | None = None, name: str | None = None,
+              key: str | None = None) -> None:
         """Makes this wrapper's cache for len(dataset) entries: new, empty segments of max_bytes
         (None: the default), or, with a group, the node's cache under its key, joined or made."""
         self.id = uuid.uuid4().hex
@@ -262,7 +273,7 @@ class Cached(DatasetWrapper, Dataset):
             self.max_bytes = _default_max_bytes() if max_bytes is None else max_bytes
             logger.warning("fastcollate.Cached: the compiled engine is not loaded (%s); nothing is cached, every "
                            "sample comes from the dataset", _ext.LOAD_ERROR)
-        elif group is not None and self._join(max_bytes, group, cache_node.key_for(self.dataset, name)):
+        elif group is not None and self._join(max_bytes, group, cache_node.key_for(self.dataset, name), key):
             C = _ext._C
             self._local = shared_segment(C.cache_ctrl_words(0) * 8, "fastcollate-cache-rank").view(torch.int64)
             C.cache_init(self._local, 0, 0)
@@ -271,16 +282,47 @@ class Cached(DatasetWrapper, Dataset):
             self.ctrl, self.data = _segments(self.entries, self.max_bytes)
         _CACHES[self.id] = self
 
-    def _join(self, max_bytes: int | None, group: str, key: str) -> bool:
+    def _join(self, max_bytes: int | None, group: str, key: str, given: str | None) -> bool:
         """Whether this wrapper now holds the node's cache under key (False: keep a private one)."""
         try:
             self.ctrl, self.data, self.max_bytes, self._node = cache_node.open_node(
                 group, key, self.dataset, self.entries, max_bytes, _default_max_bytes,
-                lambda size: _segments(self.entries, size))
+                lambda size: _segments(self.entries, size), cache_identity.fingerprint(self.dataset, given))
         except cache_node.Unreachable as exc:
             logger.warning("fastcollate.Cached: %s; this process keeps a private cache", exc)
             return False
+        if self._node.check:
+            self._spot_check()
         return True
+
+    def _spot_check(self) -> None:
+        """Where the fingerprints could only sample: a few samples already in the node's cache,
+        fetched from this rank's dataset and compared; a difference lets the cache go and raises."""
+        C = _ext._C
+        words = C.cache_words
+        table = self.ctrl[words["header"]:words["header"] + self.entries * words["entry_words"]]
+        states = table.view(self.entries, words["entry_words"])[:, words["entry_state"]]
+        ready = cache_identity.evenly((states == C.cache_states["ready"]).nonzero().flatten().numpy())
+        segment = self._segment()
+
+        def cached(i: int) -> tuple[np.ndarray, Callable[[], Any]]:
+            span = C.cache_find(self.ctrl, i)
+            return segment[0][span.offset:span.offset + span.length], lambda: decode(segment[1], span.offset)
+
+        bad = cache_identity.spot_check(ready, cached, lambda i: self.dataset[i], encode)
+        if bad is None:
+            return
+        node, fp = self._node, self._node.fingerprint
+        self.ctrl = self.data = self._node = None
+        self.__dict__.pop("_seg", None)
+        node.leave()
+        raise ValueError(
+            f"fastcollate.Cached: this dataset is not the one the node's cache under {node.key!r} holds: sample {bad} "
+            f"from it differs from the cached sample {bad}. The fingerprints agreed but could only sample "
+            f"({'; '.join(fp.sampled) if fp is not None else 'unknown'}), so the samples were compared. If the "
+            "ranks wrap different data, give each its own key -- Cached(ds, key=f'shard-{rank}') -- or node=False; "
+            "if the dataset is not deterministic (dataset[i] differs from call to call), do not cache it: put the "
+            "random part in transform=")
 
     # -- copies and sharing with workers
     def __copy__(self) -> "Cached":

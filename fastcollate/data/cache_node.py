@@ -56,6 +56,7 @@ import torch
 
 from ..core.launcher import int_env, local_ranks
 from ..core.shm import map_fd, pid_alive, process_start, segment_fd
+from .cache_identity import Fingerprint, fingerprint
 
 __all__ = ["NodeCache", "Unreachable", "group_for", "key_for", "open_node", "registry_dir", "local_world_size"]
 
@@ -157,10 +158,11 @@ def _pid_namespace() -> int:
         return 0
 
 
-def registry_path(group: str, key: str) -> str:
+def registry_path(group: str, key: str, given: str | None = None) -> str:
     # the pid namespace is in the name: the registry's pids, and the claims in the cache, mean
-    # nothing in another one (a container with its own /proc sharing this /tmp)
-    ident = "\0".join([str(os.getuid()), str(_pid_namespace()), group, key])
+    # nothing in another one (a container with its own /proc sharing this /tmp); a key= the user
+    # gave is too: different keys are different caches
+    ident = "\0".join([str(os.getuid()), str(_pid_namespace()), group, key] + ([] if given is None else [given]))
     return os.path.join(registry_dir(), f"cache-{hashlib.sha256(ident.encode()).hexdigest()[:32]}.json")
 
 
@@ -220,17 +222,28 @@ def _alive(holder: list[int]) -> bool:
 # kills each rank's process group), and it ends when the agent it watches does -- when the job
 # ends, however it ends.
 _KEEPER = """
-import sys, time
-anchor, start = sys.argv[1], sys.argv[2]
+import fcntl, json, os, sys, time
+anchor, start, registry = sys.argv[1], sys.argv[2], os.environ["FASTCOLLATE_KEEPER_REGISTRY"]
 def started(pid):
     try:
-        with open("/proc/" + pid + "/stat") as f:
+        with open("/proc/" + str(pid) + "/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return None if fields[0] in ("Z", "X") else fields[19]
 while started(anchor) == start:
     time.sleep(1.0)
+# the job is over: where no rank holds the cache any more, its registry goes with this keeper
+try:
+    fd = os.open(registry, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if os.fstat(fd).st_ino == os.stat(registry).st_ino:
+        rec = json.JSONDecoder().raw_decode(os.pread(fd, 1 << 20, 0).decode())[0]
+        mine = (rec.get("keeper") or [None])[0] == os.getpid()
+        if mine and not any(started(h[0]) == str(h[1]) for h in rec.get("holders", [])):
+            os.unlink(registry)
+except (OSError, ValueError, IndexError, TypeError, AttributeError):
+    pass
 """
 _KEEPERS: list[Any] = []  # this process's keepers' Popen objects: never collected (and never waited for)
 
@@ -244,8 +257,9 @@ def keeper_anchor() -> int | None:
     return parent if parent > 1 else None
 
 
-def _start_keeper(anchor: int, fds: tuple[int, int]) -> list[int] | None:
-    """Starts a keeper holding ``fds`` (at the same numbers) until ``anchor`` ends: its holder line."""
+def _start_keeper(anchor: int, fds: tuple[int, int], registry: str) -> list[int] | None:
+    """Starts a keeper holding ``fds`` (at the same numbers) until ``anchor`` ends, then removing
+    ``registry`` if no rank holds the cache: its holder line."""
     import subprocess
     import sys
 
@@ -254,6 +268,7 @@ def _start_keeper(anchor: int, fds: tuple[int, int]) -> list[int] | None:
         return None
     try:
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KEEPER, str(anchor), str(start)], pass_fds=fds,
+                                env=dict(os.environ, FASTCOLLATE_KEEPER_REGISTRY=registry),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as exc:
@@ -322,6 +337,31 @@ def _mismatch(rec: dict[str, Any], key: str, kind: str, entries: int, max_bytes:
             "node=False to keep one private")
 
 
+def _not_the_same(rec: dict[str, Any], key: str, identity: Fingerprint) -> str | None:
+    """Why this dataset is not the one the cache holds, though type and length match; None when
+    their fingerprints agree."""
+    if rec.get("fingerprint") is None:
+        theirs = None
+    else:
+        theirs = Fingerprint.from_record(rec["fingerprint"])
+        if theirs.digest == identity.digest:
+            return None
+    made = rec.get("made_by", {})
+    who = (f"pid {made.get('pid')}" + ("" if made.get("local_rank") is None else f", local rank {made['local_rank']}"))
+    if theirs is None:
+        differ = "the cache was made by a fastcollate that records no fingerprint"
+    else:
+        parts = identity.differing(theirs)
+        differ = (f"fingerprint {identity.digest[:12]} here, {theirs.digest[:12]} in the cache made by {who}; they "
+                  f"differ in {', '.join(parts[:6])}{' ...' if len(parts) > 6 else ''}")
+    return (f"fastcollate.Cached: this dataset is not the one the node's cache under {key!r} holds: the same type "
+            f"({rec['dataset']}) and length ({rec['entries']}), but not the same content ({differ}). Sharing it "
+            "would serve this rank another dataset's samples. If the ranks wrap different data (a per-rank shard, "
+            "another split, another seed), give each its own key -- Cached(ds, key=f'shard-{rank}') -- or "
+            "node=False to keep each private; if it is the same data and only harmless state differs (a counter, "
+            "the rank's id), pass the same key='...' on every rank")
+
+
 def _holders_and_keeper(rec: dict[str, Any]) -> list[list[int]]:
     return list(rec.get("holders", [])) + ([rec["keeper"]] if rec.get("keeper") else [])
 
@@ -353,6 +393,17 @@ class NodeCache:
     key: str
     path: str
     made: bool
+    check: bool = False
+    fingerprint: Fingerprint | None = None
+    _leave: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def leave(self) -> None:
+        """Lets the cache go now (its holder line out of the registry), as collecting it would."""
+        if self._leave is not None:
+            self._leave()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_leave"}  # the finalizer is this process's
 
     def holders(self) -> int:
         """The live processes holding the cache now, by the registry (each a rank, its DataLoader
@@ -389,16 +440,21 @@ def _leave(path: str, holder: list[int]) -> None:
 
 def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int | None,
               default_max_bytes: Callable[[], int],
-              make: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-              ) -> tuple[torch.Tensor, torch.Tensor, int, NodeCache]:
+              make: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+              identity: Fingerprint | None = None) -> tuple[torch.Tensor, torch.Tensor, int, NodeCache]:
     """Joins the node's cache under (group, key), or makes it: (ctrl, data, max_bytes, handle).
 
     ``max_bytes`` None: the cache's own, or ``default_max_bytes()`` computed here when this
     process makes it. ``make(max_bytes)`` makes new, initialized segments (called with the
-    registry locked, so one process of the node makes the cache). Raises ValueError when the key
-    holds another dataset, Unreachable when live holders cannot be opened from here."""
+    registry locked, so one process of the node makes the cache). ``identity``: the dataset's
+    fingerprint (fastcollate.data.cache_identity; computed here when None); a user-given key in
+    it is part of the cache's name. Raises ValueError when the key holds another dataset (another
+    type, length, max_bytes or fingerprint), Unreachable when live holders cannot be opened from
+    here. ``handle.check``: the fingerprints could only sample, so the caller should spot-check
+    the samples already cached (and ``handle.leave()`` on a mismatch)."""
     kind = type_name(dataset)
-    path = registry_path(group, key)
+    identity = fingerprint(dataset) if identity is None else identity
+    path = registry_path(group, key, identity.key)
     pid = os.getpid()
     with _locked(path) as fd:
         rec = _read(fd)
@@ -420,33 +476,35 @@ def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int |
                     refused.append(f"pid {h[0]}: {exc.strerror or exc}")
             rec["holders"], rec["keeper"] = live, keeper
             if mapped is not None:
-                said = _mismatch(rec, key, kind, entries, max_bytes)
+                said = _mismatch(rec, key, kind, entries, max_bytes) or _not_the_same(rec, key, identity)
                 if said is not None:
                     raise ValueError(said)
+                theirs = rec["fingerprint"]
             elif live or keeper:
                 raise Unreachable(f"the node's cache under {key!r} is held by {len(live) + bool(keeper)} live "
                                   f"process(es), none of which this one may open through /proc ({'; '.join(refused)})")
         made = mapped is None
+        check = not made and identity.key is None and not (identity.complete and theirs.get("complete"))
         if made:
             size = default_max_bytes() if max_bytes is None else max_bytes
             ctrl, data = make(size)
             rec = {"version": VERSION, "group": group, "key": key, "dataset": kind, "entries": entries,
                    "max_bytes": size, "max_bytes_given": max_bytes is not None,
-                   "made_by": {"pid": pid, "local_rank": int_env("LOCAL_RANK")}, "holders": []}
+                   "made_by": {"pid": pid, "local_rank": int_env("LOCAL_RANK")}, "holders": [],
+                   "fingerprint": identity.record()}
             for part, seg in (("ctrl", ctrl), ("data", data)):
                 st = os.fstat(segment_fd(seg)[0])
                 rec[part] = [st.st_ino, st.st_dev, st.st_size]
             anchor = keeper_anchor()
             fds = (segment_fd(ctrl)[0], segment_fd(data)[0])
-            rec["keeper"] = None if anchor is None else _start_keeper(anchor, fds)
+            rec["keeper"] = None if anchor is None else _start_keeper(anchor, fds, path)
         else:
             ctrl, data = mapped
         holder = [pid, process_start(pid), segment_fd(ctrl)[0], segment_fd(data)[0]]
         rec["holders"].append(holder)
         _write(fd, rec)
-    if made:
-        _prune(os.path.dirname(path), path)
-    handle = NodeCache(group=group, key=key, path=path, made=made)
-    weakref.finalize(handle, _leave, path, holder)
+    _prune(os.path.dirname(path), path)  # every attach tidies what dead jobs left
+    handle = NodeCache(group=group, key=key, path=path, made=made, check=check, fingerprint=identity)
+    handle._leave = weakref.finalize(handle, _leave, path, holder)
     return ctrl, data, int(rec["max_bytes"]), handle
 
