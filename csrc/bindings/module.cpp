@@ -23,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fc::register_fixed_gather(m);
   fc::register_ring_ops(m);
   fc::register_cache_ops(m);
+  fc::register_image_ops(m);
   fc::register_exit_gate(m);
 #if FASTCOLLATE_WITH_CUDA
   fc::register_host_ops(m);

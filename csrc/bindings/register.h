@@ -11,6 +11,7 @@ void register_gather_ops(pybind11::module_& m);    // python/gather.cpp: the pla
 void register_fixed_gather(pybind11::module_& m);  // python/gather_fixed.cpp: FixedGather
 void register_ring_ops(pybind11::module_& m);      // python/ring.cpp: slot claims, leases, views
 void register_cache_ops(pybind11::module_& m);     // python/cache.cpp: the sample cache's entries and counters
+void register_image_ops(pybind11::module_& m);     // python/images.cpp: file reads, JPEG headers and decodes, image batches
 void register_exit_gate(pybind11::module_& m);     // python/exit_gate.cpp: the engine closed at interpreter exit
 #if FASTCOLLATE_WITH_CUDA
 void register_host_ops(pybind11::module_& m);      // cuda/host_register.cpp: page-locking

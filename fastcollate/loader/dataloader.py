@@ -279,6 +279,13 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
         return auto.log if auto is not None else []
 
     def __iter__(self) -> Any:
+        # a dataset whose randomness is drawn per epoch (fastcollate.images.ImageFolder) gets the
+        # next epoch at each pass after the first, unless the user sets its epochs
+        advance = getattr(self.dataset, "_loader_epoch", None)
+        if advance is not None:
+            if self.__dict__.get("_passes", 0):
+                advance()
+            self.__dict__["_passes"] = self.__dict__.get("_passes", 0) + 1
         auto = self.__dict__.get("_auto")
         if auto is None:
             return super().__iter__()

@@ -1,0 +1,238 @@
+"""fastcollate.images.ImageFolder: torchvision's ImageFolder layout and order (a folder per
+class, classes sorted, files sorted within each), its samples decoded, cropped, resized and
+flipped by the engine -- a whole batch per call from ``__getitems__``.
+
+A sample's box depends on (seed, epoch, index) alone (fastcollate.images.boxes). The epoch lives
+in a small shared tensor, so ``set_epoch`` in the main process reaches every worker, persistent
+ones included (each batch reads it). ``fastcollate.DataLoader`` advances it at each new epoch
+when you never call ``set_epoch`` yourself; with torch's DataLoader call it each epoch, as you
+do for a DistributedSampler (an index drawn twice in one epoch says so once).
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from .. import _ext
+from .boxes import Box, CenterCrop, RandomResizedCrop
+from .collate import ImageBatch, Stats, _threads, arena_for, run_batch
+from .decoding import DecodeError, Source, as_bytes, default_max_pixels, inspect
+
+__all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "make_dataset"]
+
+# torchvision's IMG_EXTENSIONS, matched case-insensitively as it matches them
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
+    """The class folders of ``root``, sorted, and their indices (torchvision's rule)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"fastcollate.images.ImageFolder: no class folder in {root}")
+    return classes, {c: i for i, c in enumerate(classes)}
+
+
+def make_dataset(root: str, class_to_idx: dict[str, int], extensions: Sequence[str]) -> list[tuple[str, int]]:
+    """(path, class index) of every file with one of ``extensions``, in torchvision's order."""
+    exts = tuple(e.lower() for e in extensions)
+    out: list[tuple[str, int]] = []
+    for cls in sorted(class_to_idx):
+        target = os.path.join(root, cls)
+        for dirpath, _, names in sorted(os.walk(target, followlinks=True)):
+            for name in sorted(names):
+                if name.lower().endswith(exts):
+                    out.append((os.path.join(dirpath, name), class_to_idx[cls]))
+    return out
+
+
+class ImageFolder(Dataset):
+    """Images in class folders (``root/<class>/<file>``), as torchvision's ImageFolder finds them;
+    sample i is ``(uint8 [3, H, W], class index)`` after ``transform``.
+
+    Args:
+        root: the folder of class folders.
+        transform: :class:`RandomResizedCrop` (training) or :class:`CenterCrop` (evaluation);
+            None: the whole decoded image (sizes differ: collate with a collate_fn of yours).
+        seed: with the epoch and the index, all a sample's randomness depends on.
+        extensions: the files taken (torchvision's ``IMG_EXTENSIONS`` by default, any case).
+        max_pixels: images larger than this are refused (default: Pillow's
+            ``Image.MAX_IMAGE_PIXELS``).
+        threads: decode threads in the main process (default ``min(4, cores)``; in a DataLoader
+            worker, the collate's: 1 unless its Collator says otherwise).
+
+    >>> import tempfile, os, numpy as np
+    >>> from PIL import Image
+    >>> root = tempfile.mkdtemp()
+    >>> for c in ("cat", "dog"):
+    ...     os.makedirs(os.path.join(root, c))
+    ...     Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(os.path.join(root, c, "1.jpg"))
+    >>> ds = ImageFolder(root, transform=RandomResizedCrop(32, flip=0.5), seed=0)
+    >>> ds.classes, ds[1][0].shape, ds[1][1]
+    (['cat', 'dog'], torch.Size([3, 32, 32]), 1)
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: RandomResizedCrop | CenterCrop | None = None,
+                 seed: int = 0, extensions: Sequence[str] = IMG_EXTENSIONS, max_pixels: int | None = None,
+                 threads: int | None = None) -> None:
+        if transform is not None and not isinstance(transform, (RandomResizedCrop, CenterCrop)):
+            raise TypeError(f"fastcollate.images.ImageFolder: transform must be a fastcollate.images "
+                            f"RandomResizedCrop or CenterCrop (or None), got {type(transform).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"fastcollate.images.ImageFolder: seed must be an int, got {seed!r}")
+        self.root = os.fspath(root)
+        self.transform = transform
+        self.seed = seed
+        self.extensions = tuple(extensions)
+        self.max_pixels = default_max_pixels() if max_pixels is None else int(max_pixels)
+        self.threads = threads
+        self.classes, self.class_to_idx = find_classes(self.root)
+        self.samples = make_dataset(self.root, self.class_to_idx, self.extensions)
+        if not self.samples:
+            raise FileNotFoundError(f"fastcollate.images.ImageFolder: no file with one of {self.extensions} under "
+                                    f"{self.root}")
+        self.targets = [t for _, t in self.samples]
+        self.imgs = self.samples
+        self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()  # [epoch, set by the user]
+        self._sizes = torch.full((len(self.samples), 2), -1, dtype=torch.int32)  # (h, w) once read
+        self._seen: bytearray | None = None
+        self._seen_epoch = -1
+        self.stats_ = Stats()
+
+    # -- the epoch
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next boxes are drawn for, in every worker (persistent ones too)."""
+        self._epoch[0] = int(epoch)
+        self._epoch[1] = 1
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
+    def _loader_epoch(self) -> None:
+        """fastcollate.DataLoader's call at each new epoch: the next one, unless the user sets them."""
+        if not int(self._epoch[1]):
+            self._epoch[0] += 1
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, transform={self.transform})"
+
+    def stats(self) -> dict[str, Any]:
+        """This process's image batches: how many images, how many went through Pillow, and the
+        seconds spent reading, decoding and resizing (a worker counts its own)."""
+        return self.stats_.as_dict()
+
+    # -- what a sample is
+    def _name(self, i: int) -> str:
+        return f"{self.samples[i][0]} (index {i})"
+
+    def _sources(self, indices: Sequence[int], threads: int) -> list[Source]:
+        C = _ext._C
+        t0 = time.perf_counter()
+        paths = [self.samples[i][0] for i in indices]
+        if C is not None:
+            files = C.image_read(paths, threads)
+        else:
+            files = []
+            for p in paths:
+                try:
+                    with open(p, "rb") as f:
+                        files.append(as_bytes(f.read()))
+                except OSError as exc:
+                    files.append(exc.strerror or str(exc))
+        self.stats_.read_s += time.perf_counter() - t0
+        out = []
+        for i, data in zip(indices, files):
+            if isinstance(data, str):
+                raise DecodeError(f"fastcollate.images: {self._name(i)} cannot be read: {data}")
+            src = inspect(data, self._name(i), self.max_pixels)
+            self._sizes[i, 0], self._sizes[i, 1] = src.height, src.width
+            out.append(src)
+        return out
+
+    def _check_index(self, i: Any) -> int:
+        if isinstance(i, torch.Tensor) and i.dim() == 0:
+            i = int(i)
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"fastcollate.images.ImageFolder: an index must be an int, got {type(i).__name__}")
+        i = i.__index__()
+        n = len(self.samples)
+        if not -n <= i < n:
+            raise IndexError(f"fastcollate.images.ImageFolder: index {i} out of range for {n} images")
+        return i % n
+
+    def _box(self, i: int, height: int, width: int, epoch: int) -> Box:
+        return self.transform.box(height, width, self.seed, epoch, i)
+
+    def crop_box(self, i: int) -> tuple[int, int, int, int, bool]:
+        """(top, left, height, width, flipped): sample i's box this epoch, in decoded pixels."""
+        i = self._check_index(i)
+        if self.transform is None:
+            raise ValueError("fastcollate.images.ImageFolder: no transform, no box")
+        h, w = (int(v) for v in self._sizes[i])
+        if h < 0:
+            src = self._sources([i], 1)[0]
+            h, w = src.height, src.width
+        return tuple(self._box(i, h, w, self.epoch))  # type: ignore[return-value]
+
+    def _note_repeats(self, indices: Sequence[int], epoch: int) -> None:
+        if int(self._epoch[1]) or self._seen_epoch == -2:
+            return
+        if self._seen is None or self._seen_epoch != epoch:
+            self._seen, self._seen_epoch = bytearray(len(self.samples)), epoch
+        seen = self._seen
+        for i in indices:
+            if seen[i]:
+                self._seen_epoch = -2  # said once
+                warnings.warn(f"fastcollate.images.ImageFolder: index {i} was drawn twice at epoch {epoch}: a new epoch "
+                              "without set_epoch repeats the last epoch's crops. Call dataset.set_epoch(epoch) each "
+                              "epoch (fastcollate.DataLoader advances it for you)", stacklevel=3)
+                return
+            seen[i] = 1
+
+    def _decode(self, indices: Sequence[int], alloc: Any, threads: int | None, batch: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images [B, 3, H, W], labels [B]) of ``indices``, in one arena from ``alloc``
+        (``batch``: a loader's batch, whose indices an epoch draws once each)."""
+        idx = [self._check_index(i) for i in indices]
+        if not idx:
+            raise ValueError("fastcollate.images.ImageFolder: an empty batch")
+        threads = _threads(threads if threads is not None else self.threads)
+        epoch = self.epoch
+        sources = self._sources(idx, threads)
+        plans = [self.transform.plan(self._box(i, s.height, s.width, epoch), s.height, s.width, s.engine)
+                 for i, s in zip(idx, sources)]
+        images, labels = arena_for(len(idx), self.transform.size, alloc)
+        run_batch(sources, plans, self.transform.size, images, threads, self.stats_)
+        if batch:
+            self._note_repeats(idx, epoch)
+        labels.copy_(torch.tensor([self.samples[i][1] for i in idx], dtype=torch.int64))
+        return images, labels
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        i = self._check_index(i)
+        if self.transform is None:
+            from .decoding import decode
+
+            src = self._sources([i], 1)[0]
+            return decode(src.data, max_pixels=self.max_pixels), self.samples[i][1]
+        images, labels = self._decode([i], lambda n: torch.empty(n, dtype=torch.uint8), 1, batch=False)
+        return images[0], int(labels[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        if self.transform is None:
+            return [self[i] for i in indices]
+        return ImageBatch(self, indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_seen"], state["_seen_epoch"] = None, -1  # a worker's own notes
+        state["stats_"] = Stats()
+        return state
