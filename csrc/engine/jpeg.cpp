@@ -53,9 +53,11 @@ struct Region {
   uint8_t* out;
 };
 
-// Fills `info` from the header; 0, or 1 with trap->message set. Only POD between setjmp and any
-// longjmp: cinfo and trap live in the caller's frame.
-int read_header_c(jpeg_decompress_struct* cinfo, Trap* trap, const uint8_t* data, size_t n, JpegHeader* info) {
+// Reads the header into `info` (when given), then decodes region `r` (when given); 0, or 1 with
+// trap->message set. Only POD between setjmp and any longjmp: cinfo and trap live in the
+// caller's frame, the row buffer in libjpeg's own pool.
+int run_c(jpeg_decompress_struct* cinfo, Trap* trap, const uint8_t* data, size_t n, JpegHeader* info,
+          const Region* r) {
   init_trap(cinfo, trap);
   if (setjmp(trap->back)) {
     jpeg_destroy_decompress(cinfo);
@@ -64,28 +66,21 @@ int read_header_c(jpeg_decompress_struct* cinfo, Trap* trap, const uint8_t* data
   jpeg_create_decompress(cinfo);
   jpeg_mem_src(cinfo, data, static_cast<unsigned long>(n));
   jpeg_read_header(cinfo, TRUE);
-  info->width = static_cast<int>(cinfo->image_width);
-  info->height = static_cast<int>(cinfo->image_height);
-  info->components = cinfo->num_components;
-  info->color_space = static_cast<int>(cinfo->jpeg_color_space);
-  info->progressive = cinfo->progressive_mode != 0;
-  info->arithmetic = cinfo->arith_code != 0;
-  info->precision = cinfo->data_precision;
-  info->imcu_width = cinfo->max_h_samp_factor * DCTSIZE;
-  info->imcu_height = cinfo->max_v_samp_factor * DCTSIZE;
-  jpeg_destroy_decompress(cinfo);
-  return 0;
-}
-
-int decode_c(jpeg_decompress_struct* cinfo, Trap* trap, const uint8_t* data, size_t n, const Region* r) {
-  init_trap(cinfo, trap);
-  if (setjmp(trap->back)) {
-    jpeg_destroy_decompress(cinfo);
-    return 1;
+  if (info != nullptr) {
+    info->width = static_cast<int>(cinfo->image_width);
+    info->height = static_cast<int>(cinfo->image_height);
+    info->components = cinfo->num_components;
+    info->color_space = static_cast<int>(cinfo->jpeg_color_space);
+    info->progressive = cinfo->progressive_mode != 0;
+    info->arithmetic = cinfo->arith_code != 0;
+    info->precision = cinfo->data_precision;
+    info->imcu_width = cinfo->max_h_samp_factor * DCTSIZE;
+    info->imcu_height = cinfo->max_v_samp_factor * DCTSIZE;
   }
-  jpeg_create_decompress(cinfo);
-  jpeg_mem_src(cinfo, data, static_cast<unsigned long>(n));
-  jpeg_read_header(cinfo, TRUE);
+  if (r == nullptr) {
+    jpeg_destroy_decompress(cinfo);
+    return 0;
+  }
   cinfo->out_color_space = JCS_RGB;  // gray replicated, YCbCr converted: Pillow's convert("RGB")
   cinfo->scale_num = 1;
   cinfo->scale_denom = static_cast<unsigned int>(r->denom);
@@ -156,7 +151,7 @@ std::string jpeg_read_header(const uint8_t* data, size_t n, JpegHeader* out) {
   if (n < 4 || data[0] != 0xFF || data[1] != 0xD8) return "not a JPEG file (no SOI marker)";
   jpeg_decompress_struct cinfo;
   Trap trap;
-  if (read_header_c(&cinfo, &trap, data, n, out) != 0) return trap.message;
+  if (run_c(&cinfo, &trap, data, n, out, nullptr) != 0) return trap.message;
   const int cs = out->color_space;
   if (out->precision != 8) {
     out->why = std::to_string(out->precision) + "-bit samples";
@@ -183,7 +178,7 @@ std::string jpeg_decode_region(const uint8_t* data, size_t n, int denom, int top
   jpeg_decompress_struct cinfo;
   Trap trap;
   Region region{denom, top, left, h, w, partial, out};
-  if (decode_c(&cinfo, &trap, data, n, &region) != 0) return trap.message;
+  if (run_c(&cinfo, &trap, data, n, nullptr, &region) != 0) return trap.message;
   return "";
 }
 
