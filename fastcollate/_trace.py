@@ -171,7 +171,9 @@ _BY_ID: dict[int, list[int]] = {}  # loaders that take no weak reference: by id(
 _serial = itertools.count(1)
 _delivered_count = [0]
 _state = threading.local()  # per thread: the iterator being advanced, the last batch id it delivered
-_collate_info: list = [None, 0]  # what the collate of this process's current batch said: (kind, nbytes)
+# what the collate of this process's current batch said: (kind, nbytes, seconds of the dataset's
+# own work it did: an image batch decoded inside the collate, into its arena)
+_collate_info: list = [None, 0, 0.0]
 _enabled = False
 _originals: dict[tuple[type, str], Any] = {}
 
@@ -192,6 +194,12 @@ def set_last_id(batch_id: tuple[int, int, int] | None) -> None:
 def note_collate(kind: str, nbytes: int = 0) -> None:
     """The collate says where the batch went (ring slot, fallback...) for the trace."""
     _collate_info[0], _collate_info[1] = kind, nbytes
+
+
+def note_dataset_work(seconds: float) -> None:
+    """The collate did ``seconds`` of the dataset's work (fastcollate.images decodes a batch
+    inside the collate, straight into its arena): the trace counts them as the fetch's."""
+    _collate_info[2] += seconds
 
 
 def span(batch_id: tuple[int, int, int], stage: str, t0: float, t1: float) -> None:
@@ -264,7 +272,7 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
     t0, cpu0, vol0 = now(), cpu_now(), _voluntary_switches()
     marks: list[Any] = [0.0, 0.0, 0.0, (0, 0)]  # collate start, end; the fetch's CPU clock and switches at its end
     collate_fn = self.collate_fn
-    _collate_info[0] = None
+    _collate_info[0], _collate_info[2] = None, 0.0
 
     def timed_collate(data: Any) -> Any:
         marks[2], marks[3] = cpu_now(), _voluntary_switches()
@@ -306,6 +314,8 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
     t1 = now()
     c0, c1 = (marks[0], marks[1]) if marks[1] else (t1, t1)
     cpu1, vol = (marks[2], marks[3]) if marks[1] else (cpu_now(), _voluntary_switches())
+    moved = min(_collate_info[2], c1 - c0)  # the dataset's work done in the collate: the fetch's
+    c0, cpu1 = c0 + moved, cpu1 + moved
     # the fetch's off-CPU time counts as blocking only if it blocked (a voluntary switch): a
     # preempted thread switches involuntarily, and that wait is the machine's, not the dataset's
     blocked = _blocked(max(0.0, (c0 - t0) - (cpu1 - cpu0)), vol0, vol)

@@ -334,3 +334,48 @@ def test_no_fd_or_memory_growth_over_epochs(folder):
     gc.collect()
     assert proc.num_fds() <= fds
     assert proc.memory_info().rss - rss < 16 << 20, (rss, proc.memory_info().rss)
+
+
+def test_the_trace_names_the_decode_the_datasets_work(folder):
+    ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(32))
+    mon = fastcollate.StallMonitor(trace=True)
+    for batch in mon.wrap(fastcollate.DataLoader(ds, batch_size=7, num_workers=1, timeout=120)):
+        with mon.compute():
+            pass
+    stages = mon.report()["stages"]
+    assert stages["fetch"]["total_s"] > 5 * stages["collate"]["total_s"], stages  # decoded in the collate hook
+
+
+def test_the_example_trains_on_an_image_folder():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "image_folder_train.py"), "--epochs", "3"],
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = [float(line.split("mean loss ")[1].split(",")[0]) for line in out.stdout.splitlines() if "mean loss" in line]
+    assert len(losses) == 3 and losses[-1] < losses[0], out.stdout
+
+
+@needs_engine
+def test_fast_mode_is_close_to_exact_on_the_box_it_reports():
+    data = jpeg(photo(900, 1200, 11), quality=90)
+    src = fi.decoding.inspect(fi.decoding.as_bytes(data), "photo", 1 << 40)
+    fast, exact = fi.RandomResizedCrop(96, mode="fast"), fi.RandomResizedCrop(96)
+    scaled = 0
+    for i in range(24):
+        plan = fast.plan(fast.box(900, 1200, 0, 0, i), 900, 1200, True)
+        if plan.denom == 1:
+            assert plan == exact.plan(plan.box, 900, 1200, True)  # nothing to scale: exact itself
+            continue
+        scaled += 1
+        d = plan.denom
+        assert plan.box.top == plan.top * d and plan.box.left == plan.left * d  # snapped to the scaled grid
+        out = torch.empty(2, 3, 96, 96, dtype=torch.uint8)
+        fi.collate.run_batch([src, src], [plan, exact.plan(plan.box, 900, 1200, True)], (96, 96), out, 1)
+        diff = (out[0].double() - out[1].double()).abs()
+        psnr = 10 * torch.log10(255.0 ** 2 / (diff ** 2).mean().clamp_min(1e-12))
+        assert diff.mean() <= 3.0 and psnr >= 30, (i, plan, float(diff.mean()), float(psnr))
+    assert scaled >= 4
+    assert fast.plan(fast.box(900, 1200, 0, 0, 0), 900, 1200, scalable=False).denom == 1  # Pillow's: exact

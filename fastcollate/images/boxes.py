@@ -76,6 +76,7 @@ class Plan:
     resize_hw: tuple[int, int]
     crop_tl: tuple[int, int]
     flip: bool
+    box: Box | None = None  # the box in the image's own pixels that this plan samples
 
 
 def scaled_size(height: int, width: int, denom: int) -> tuple[int, int]:
@@ -93,6 +94,10 @@ def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
 
 
 _MODES = ("exact", "fast")
+# fast mode decodes at 1/d only where the box keeps FAST_KEEP times the output's size: the box's
+# edges move by up to d/2 decoded pixels when mapped onto the scaled image, at most
+# 1 / (2 * FAST_KEEP) of an output pixel (the images guide has the measured distance)
+FAST_KEEP = 1.0
 
 
 class RandomResizedCrop:
@@ -160,16 +165,21 @@ class RandomResizedCrop:
         denom = 1
         if self.mode == "fast" and scalable:
             for d in (8, 4, 2):
-                if box.height / d >= oh and box.width / d >= ow:
+                if box.height / d >= FAST_KEEP * oh and box.width / d >= FAST_KEEP * ow:
                     denom = d
                     break
         if denom == 1:
-            return Plan(1, box.top, box.left, box.height, box.width, (oh, ow), (0, 0), box.flipped)
-        sh, sw = scaled_size(height, width, denom)
-        top, left = min(sh - 1, int(round(box.top / denom))), min(sw - 1, int(round(box.left / denom)))
-        bottom = max(top + 1, min(sh, int(round((box.top + box.height) / denom))))
-        right = max(left + 1, min(sw, int(round((box.left + box.width) / denom))))
-        return Plan(denom, top, left, bottom - top, right - left, (oh, ow), (0, 0), box.flipped)
+            return Plan(1, box.top, box.left, box.height, box.width, (oh, ow), (0, 0), box.flipped, box)
+        # the box snapped to the scaled image's grid, so that the scaled box is exactly the
+        # snapped one (a box moved by under denom pixels: the augmentation is unchanged); the
+        # sample then differs from exact only by the DCT's downscale
+        d = denom
+        sh, sw = scaled_size(height, width, d)
+        top, left = box.top // d, box.left // d
+        bottom = min(sh, max(top + 1, int(round((box.top + box.height) / d))))
+        right = min(sw, max(left + 1, int(round((box.left + box.width) / d))))
+        snapped = Box(top * d, left * d, min(height, bottom * d) - top * d, min(width, right * d) - left * d, box.flipped)
+        return Plan(d, top, left, bottom - top, right - left, (oh, ow), (0, 0), box.flipped, snapped)
 
 
 class CenterCrop:
@@ -211,4 +221,5 @@ class CenterCrop:
             raise ValueError(f"fastcollate.images.CenterCrop: a {oh}x{ow} crop of a {rh}x{rw} image (resized from "
                              f"{height}x{width}); torchvision would pad, fastcollate refuses: give resize= at least "
                              f"the crop's size")
-        return Plan(1, 0, 0, height, width, (rh, rw), (int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))), False)
+        return Plan(1, 0, 0, height, width, (rh, rw), (int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))), False,
+                    box)

@@ -13,14 +13,14 @@ import collections
 import dataclasses
 import io
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from .. import _ext
 
-__all__ = ["DecodeError", "decode", "available", "why_not", "Source", "inspect", "pillow_pixels", "as_bytes",
+__all__ = ["DecodeError", "decode", "available", "why_not", "Source", "inspect", "inspect_many", "pillow_pixels", "as_bytes",
            "default_max_pixels", "counts"]
 
 _DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS, where Pillow is not installed
@@ -119,28 +119,36 @@ def _pillow_open(data: torch.Tensor, name: str) -> Any:
                           f"({data.numel()} bytes)") from exc
 
 
+_NOT_JPEG = "not a JPEG file (no SOI marker)"  # csrc/engine/jpeg.cpp's words for a file without one
+
+
 def inspect(data: torch.Tensor, name: str, max_pixels: int) -> Source:
     """Reads the header: size and route, without decoding. Raises DecodeError for what no
     decoder could read, and for images over ``max_pixels``."""
-    if data.numel() == 0:
-        raise DecodeError(f"fastcollate.images: {name} is empty (0 bytes)")
-    C = _ext._C
-    is_jpeg = data.numel() >= 2 and int(data[0]) == 0xFF and int(data[1]) == 0xD8
-    src = None
-    if is_jpeg and available():
-        got = C.jpeg_headers([data])[0]
-        if isinstance(got, str):
+    return inspect_many([data], [name], max_pixels)[0]
+
+
+def inspect_many(files: Sequence[torch.Tensor], names: Sequence[str], max_pixels: int) -> list[Source]:
+    """``inspect`` of each file, the JPEG headers read in one engine call."""
+    headers = _ext._C.jpeg_headers(files) if available() else [None] * len(files)
+    out = []
+    for data, name, got in zip(files, names, headers):
+        if data.numel() == 0:
+            raise DecodeError(f"fastcollate.images: {name} is empty (0 bytes)")
+        if isinstance(got, dict):
+            src = Source(data, got["height"], got["width"], got["exact"], got["why"], name)
+        elif got is not None and got != _NOT_JPEG:
             raise DecodeError(f"fastcollate.images: {name} is a JPEG whose header cannot be read: {got}")
-        src = Source(data, got["height"], got["width"], bool(got["exact"]), got["why"], name)
-    if src is None:
-        img = _pillow_open(data, name)
-        why = ("no compiled JPEG stage" if is_jpeg else f"{img.format or 'unknown'} format")
-        src = Source(data, img.height, img.width, False, why, name)
-    if src.height * src.width > max_pixels:
-        raise DecodeError(f"fastcollate.images: {name} is {src.width}x{src.height} = {src.width * src.height} "
-                          f"pixels, over the limit of {max_pixels} (a decompression bomb?); raise max_pixels= "
-                          f"(or Pillow's Image.MAX_IMAGE_PIXELS) if the image is real")
-    return src
+        else:
+            img = _pillow_open(data, name)
+            src = Source(data, img.height, img.width, False,
+                         "no compiled JPEG stage" if img.format == "JPEG" else f"{img.format or 'unknown'} format", name)
+        if src.height * src.width > max_pixels:
+            raise DecodeError(f"fastcollate.images: {name} is {src.width}x{src.height} = {src.width * src.height} "
+                              f"pixels, over the limit of {max_pixels} (a decompression bomb?); raise max_pixels= "
+                              f"(or Pillow's Image.MAX_IMAGE_PIXELS) if the image is real")
+        out.append(src)
+    return out
 
 
 def pillow_pixels(data: torch.Tensor, name: str) -> torch.Tensor:

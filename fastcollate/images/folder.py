@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from .. import _ext
 from .boxes import Box, CenterCrop, RandomResizedCrop
 from .collate import ImageBatch, Stats, _threads, arena_for, run_batch
-from .decoding import DecodeError, Source, as_bytes, default_max_pixels, inspect
+from .decoding import DecodeError, Source, as_bytes, default_max_pixels, inspect_many
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "make_dataset"]
 
@@ -98,7 +98,6 @@ class ImageFolder(Dataset):
         self.targets = [t for _, t in self.samples]
         self.imgs = self.samples
         self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()  # [epoch, set by the user]
-        self._sizes = torch.full((len(self.samples), 2), -1, dtype=torch.int32)  # (h, w) once read
         self._seen: bytearray | None = None
         self._seen_epoch = -1
         self.stats_ = Stats()
@@ -148,14 +147,10 @@ class ImageFolder(Dataset):
                 except OSError as exc:
                     files.append(exc.strerror or str(exc))
         self.stats_.read_s += time.perf_counter() - t0
-        out = []
         for i, data in zip(indices, files):
             if isinstance(data, str):
                 raise DecodeError(f"fastcollate.images: {self._name(i)} cannot be read: {data}")
-            src = inspect(data, self._name(i), self.max_pixels)
-            self._sizes[i, 0], self._sizes[i, 1] = src.height, src.width
-            out.append(src)
-        return out
+        return inspect_many(files, [self._name(i) for i in indices], self.max_pixels)
 
     def _check_index(self, i: Any) -> int:
         if isinstance(i, torch.Tensor) and i.dim() == 0:
@@ -176,11 +171,9 @@ class ImageFolder(Dataset):
         i = self._check_index(i)
         if self.transform is None:
             raise ValueError("fastcollate.images.ImageFolder: no transform, no box")
-        h, w = (int(v) for v in self._sizes[i])
-        if h < 0:
-            src = self._sources([i], 1)[0]
-            h, w = src.height, src.width
-        return tuple(self._box(i, h, w, self.epoch))  # type: ignore[return-value]
+        src = self._sources([i], 1)[0]
+        box = self._box(i, src.height, src.width, self.epoch)
+        return tuple(self.transform.plan(box, src.height, src.width, src.engine).box)  # type: ignore[return-value]
 
     def _note_repeats(self, indices: Sequence[int], epoch: int) -> None:
         if int(self._epoch[1]) or self._seen_epoch == -2:
