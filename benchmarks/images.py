@@ -121,7 +121,10 @@ def prototype_epoch(samples, size: int, batch: int, threads: int) -> int:
 def dali_epoch(root: str, size: int, batch: int, threads: int):
     from nvidia.dali import fn, pipeline_def, types  # noqa: F401
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None)
+    # synchronous: a pipelined executor keeps decoding between runs, while the other contenders
+    # are timed, and its next runs then return batches made on that time
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, exec_async=False, exec_pipelined=False,
+                  prefetch_queue_depth=1)
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="r")
         images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
@@ -157,7 +160,13 @@ def spdl_epoch(samples, size: int, batch: int, threads: int):
     return run
 
 
+_EPOCH = [0]
+
+
 def loader_epoch(loader) -> int:
+    if hasattr(loader.dataset, "set_epoch"):
+        _EPOCH[0] += 1
+        loader.dataset.set_epoch(_EPOCH[0])  # new crops each run, as each epoch of a training would
     return sum(len(y) for _, y in loader)
 
 

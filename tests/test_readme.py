@@ -5,7 +5,7 @@ name a later block uses -- ``ds`` -- breaks the second run, not the first).
 Each run is a fresh interpreter (a subprocess: tracing and loaders wrap torch's classes
 process-wide, and must not leak into other tests), in a scratch directory, with only the
 stand-ins a reader brings -- their dataset ``ds``, a ``train_step``, a TensorBoard ``writer``,
-a ``train.bin`` token file -- defined here, never in the README. A block that raises fails.
+a ``train.bin`` token file, a ``photos/`` image folder -- defined here, never in the README. A block that raises fails.
 """
 from __future__ import annotations
 
@@ -55,6 +55,15 @@ STAND_INS = textwrap.dedent('''
     ds = ImageDataset()
     writer = Writer()
     np.arange(64 * 1024, dtype=np.uint16).tofile("train.bin")  # the memmap the storage block opens
+
+    import os
+    from PIL import Image
+
+    for c in ("cat", "dog"):  # the image folder the images block reads: photos/<class>/<file>.jpg
+        os.makedirs(os.path.join("photos", c), exist_ok=True)
+        for k in range(24):
+            pixels = np.random.default_rng(k).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(os.path.join("photos", c, f"{k}.jpg"))
 ''')
 
 # the blocks named on the command line, in order, in ONE namespace (what a reader's session is)

@@ -50,10 +50,16 @@ std::string run_one(const ImageJob& j, uint8_t* dst, int out_h, int out_w, std::
               .slice(1, j.top, j.top + j.h)
               .slice(2, j.left, j.left + j.w);
   } else {
-    scratch->resize(static_cast<size_t>(j.h) * j.w * 3);
-    err = jpeg_decode_region(j.data, j.size, j.denom, j.top, j.left, j.h, j.w, j.partial, scratch->data());
+    // the rows decoded in place at the image's width: the box is a strided view of them, read
+    // by the resize directly (a packed copy of the box cost ~9% of the stage)
+    if (j.width < j.left + j.w) return "the image's width is smaller than the box";
+    const int stride = j.width * 3;
+    scratch->resize(static_cast<size_t>(j.h) * stride);
+    int col = 0;
+    err = jpeg_decode_rows(j.data, j.size, j.denom, j.top, j.left, j.h, j.w, j.partial, scratch->data(), stride, &col);
     if (!err.empty()) return err;
-    box = at::from_blob(scratch->data(), {1, j.h, j.w, 3}, at::kByte);
+    box = at::from_blob(scratch->data() + static_cast<size_t>(col) * 3, {1, j.h, j.w, 3},
+                        {static_cast<int64_t>(j.h) * stride, stride, 3, 1}, at::kByte);
   }
   const int64_t t1 = now_ns();
   // NCHW over HWC memory: the layout the reference's permute(2, 0, 1) gives the same kernel

@@ -23,6 +23,7 @@ struct ImageJob {
   const uint8_t* pixels = nullptr;
   int pixels_h = 0, pixels_w = 0;
   int denom = 1;                       // JPEG only: decode at DCT scale 1/denom
+  int width = 0;                       // JPEG only: the image's width at that scale (the rows' room)
   int top = 0, left = 0, h = 0, w = 0;  // the box, in (scaled) decoded pixels
   int resize_h = 0, resize_w = 0;      // the box resized to this ...
   int crop_top = 0, crop_left = 0;     // ... then the out_h x out_w window from here

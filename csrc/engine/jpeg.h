@@ -48,4 +48,10 @@ void jpeg_scaled_size(int width, int height, int denom, int* scaled_width, int* 
 std::string jpeg_decode_region(const uint8_t* data, size_t n, int denom, int top, int left, int h, int w,
                                bool partial, uint8_t* out);
 
+// The same region, its rows decoded in place: row y - top at out + (y - top) * stride, its column
+// `left` at byte 3 * *col_offset (the decoded rows start at an iMCU boundary, and stride must
+// hold the scaled image's whole width: 3 * ceil(width / denom) bytes). No copy of the pixels.
+std::string jpeg_decode_rows(const uint8_t* data, size_t n, int denom, int top, int left, int h, int w,
+                             bool partial, uint8_t* out, int stride, int* col_offset);
+
 }  // namespace fastcollate

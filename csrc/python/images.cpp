@@ -20,7 +20,7 @@ namespace {
 struct PyImageJob {
   std::optional<at::Tensor> data;    // the encoded file (uint8, 1-D)
   std::optional<at::Tensor> pixels;  // or its decoded RGB (uint8 [H, W, 3], contiguous)
-  int denom = 1, top = 0, left = 0, h = 0, w = 0, resize_h = 0, resize_w = 0, crop_top = 0, crop_left = 0;
+  int denom = 1, width = 0, top = 0, left = 0, h = 0, w = 0, resize_h = 0, resize_w = 0, crop_top = 0, crop_left = 0;
   bool flip = false, partial = true;
 };
 
@@ -99,6 +99,7 @@ py::tuple image_batch(at::Tensor out, const std::vector<PyImageJob>& jobs, int t
       j.size = static_cast<size_t>(p.data->numel());
     }
     j.denom = p.denom;
+    j.width = p.width;
     j.top = p.top, j.left = p.left, j.h = p.h, j.w = p.w;
     j.resize_h = p.resize_h, j.resize_w = p.resize_w, j.crop_top = p.crop_top, j.crop_left = p.crop_left;
     j.flip = p.flip, j.partial = p.partial;
@@ -136,12 +137,14 @@ py::list image_read(const std::vector<std::string>& paths, int threads) {
 
 void register_image_ops(py::module_& m) {
   py::class_<PyImageJob>(m, "ImageJob", "One image of a batch for image_batch (fastcollate.images builds them).")
-      .def(py::init([](std::optional<at::Tensor> data, std::optional<at::Tensor> pixels, int denom, int top, int left,
-                       int h, int w, int resize_h, int resize_w, int crop_top, int crop_left, bool flip, bool partial) {
-             return PyImageJob{std::move(data), std::move(pixels), denom, top, left, h, w, resize_h, resize_w,
+      .def(py::init([](std::optional<at::Tensor> data, std::optional<at::Tensor> pixels, int denom, int width, int top,
+                       int left, int h, int w, int resize_h, int resize_w, int crop_top, int crop_left, bool flip,
+                       bool partial) {
+             return PyImageJob{std::move(data), std::move(pixels), denom, width, top, left, h, w, resize_h, resize_w,
                                crop_top, crop_left, flip, partial};
            }),
            py::kw_only(), py::arg("data") = py::none(), py::arg("pixels") = py::none(), py::arg("denom") = 1,
+           py::arg("width") = 0,
            py::arg("top"), py::arg("left"), py::arg("h"), py::arg("w"), py::arg("resize_h"), py::arg("resize_w"),
            py::arg("crop_top") = 0, py::arg("crop_left") = 0, py::arg("flip") = false, py::arg("partial") = true);
   m.def("image_read", &image_read, py::arg("paths"), py::arg("threads"));

@@ -60,7 +60,7 @@ def run_batch(sources: Sequence[Source], plans: Sequence[Plan], out_hw: tuple[in
         jobs = []
         for s, p in zip(sources, plans):
             src = {"data": s.data} if s.engine else {"pixels": s.pixels()}
-            jobs.append(C.ImageJob(**src, denom=p.denom, top=p.top, left=p.left, h=p.h, w=p.w,
+            jobs.append(C.ImageJob(**src, denom=p.denom, width=-(-s.width // p.denom), top=p.top, left=p.left, h=p.h, w=p.w,
                                    resize_h=p.resize_hw[0], resize_w=p.resize_hw[1], crop_top=p.crop_tl[0],
                                    crop_left=p.crop_tl[1], flip=p.flip, partial=True))
         errors, decode_s, resize_s = C.image_batch(out, jobs, threads)
