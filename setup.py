@@ -170,8 +170,27 @@ say(f"JPEG decode {'compiled (libjpeg-turbo)' if JPEG else 'not compiled: images
 opt = ["-O0", "-g"] if DEBUG else ["-O3"]
 cxx_flags = opt + ([] if DEBUG else ["-g0"]) + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
 define_macros = [("FASTCOLLATE_WITH_CUDA", "1" if WITH_CUDA else "0"), ("FASTCOLLATE_WITH_JPEG", "1" if JPEG else "0")]
+# $ORIGIN first: a wheel carries the libjpeg it was built with beside the module (see
+# bundle_jpeg); an editable or in-place build has none there and finds the system's
 jpeg_kw = {} if not JPEG else {"libraries": ["jpeg"], "library_dirs": JPEG[1],
-                               "runtime_library_dirs": [d for d in JPEG[1] if d not in ("/usr/lib", "/usr/lib64")]}
+                               "extra_link_args": ["-Wl,-rpath,$ORIGIN"] + [f"-Wl,-rpath,{d}" for d in JPEG[1]]}
+
+
+def bundle_jpeg(module_dir: str) -> str | None:
+    """Copies the libjpeg the module links (under its soname) beside the module, so that a
+    wheel runs where no libjpeg is installed; the copied file, or None."""
+    if not JPEG:
+        return None
+    for d in JPEG[1] + ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]:
+        link = os.path.join(d, "libjpeg.so")
+        if os.path.exists(link):
+            real = os.path.realpath(link)
+            name = os.path.basename(real)
+            soname = name[: name.index(".so.") + 4] + name.split(".so.")[1].split(".")[0] if ".so." in name else name
+            dest = os.path.join(module_dir, soname)
+            shutil.copyfile(real, dest)
+            return dest
+    return None
 
 if WITH_CUDA:
     ext = CUDAExtension(
@@ -296,6 +315,10 @@ class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
             for d in sorted(dirs):
                 path = buildinfo.write(d, cuda_kernels=WITH_CUDA)
                 say(f"recorded {buildinfo.describe(buildinfo.running())} in {path}")
+            if not self.inplace and not getattr(self, "editable_mode", False):
+                copied = bundle_jpeg(os.path.dirname(os.path.join(self.build_lib, self.get_ext_filename(fullname))))
+                if copied:
+                    say(f"the wheel carries {os.path.basename(copied)} (libjpeg-turbo) beside the module")
 
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildWithRecord})

@@ -69,7 +69,14 @@ got = list(fastcollate.DataLoader(samples, batch_size=4, num_workers=2))
 want = list(TorchLoader(samples, batch_size=4, num_workers=0))
 assert len(got) == len(want) == 4
 assert all(torch.equal(g["x"], w["x"]) and torch.equal(g["y"], w["y"]) and g["s"] == w["s"] for g, w in zip(got, want))
-print(f"wheel smoke OK: {fastcollate.__file__}, backend cpp, built for {fastcollate._ext.built_for()}")
+# the image stage: compiled, and decoding with the libjpeg the wheel carries (not the system's)
+import fastcollate.images as fi
+assert fi.available(), fi.why_not()
+jpegs = {line.split()[-1] for line in open("/proc/self/maps") if "libjpeg" in line}
+here = os.path.dirname(os.path.realpath(fastcollate.__file__))
+assert jpegs and all(p.startswith(here + os.sep) for p in jpegs), f"libjpeg loaded from {jpegs}, not the wheel's"
+print(f"wheel smoke OK: {fastcollate.__file__}, backend cpp, built for {fastcollate._ext.built_for()}, "
+      f"JPEG stage compiled ({fastcollate._ext._C.jpeg_version}, {sorted(jpegs)[0]})")
 PYEOF
   # only now what the tests need (the package's own dependencies are installed already)
   python -m pip install pytest > "$work/pip-tests.log" 2>&1 || { tail -30 "$work/pip-tests.log"; exit 1; }

@@ -51,6 +51,16 @@ def _images():
     return augmented(n=256)
 
 
+def _compiled_images():
+    import fastcollate.images as fi
+    from fastcollate._bench.images import Folder
+
+    folder = Folder(512, 320)
+    ds = fi.ImageFolder(folder.path, transform=fi.RandomResizedCrop(224, flip=0.5))
+    ds._bench_folder = folder  # the files live as long as the dataset
+    return ds
+
+
 # key -> (what it is, dataset factory, batch size, the pipeline's own settings, step)
 CASES = {
     "slow": ("slow __getitem__, main process", lambda: dd.SlowGetitem(n=1024, per_sample=300e-6), 16, {"num_workers": 0}, None),
@@ -62,6 +72,8 @@ CASES = {
     "compute": ("compute-bound step", lambda: dd.Cheap(n=256), 32, {"num_workers": 0}, dd.compute_step(0.02)),
     "io": ("I/O: 3 ms wait a sample", lambda: dd.Sleepy(n=512, wait=3e-3), 16, {"num_workers": 2}, None),
     "images": ("image folder (JPEG decode, random crop and flip), main process", _images, 32, {"num_workers": 0, "shuffle": True}, None),
+    "fi": ("fastcollate.images folder (the compiled stage), 2 workers", _compiled_images, 64,
+           {"num_workers": 2, "shuffle": True}, None),
 }
 
 

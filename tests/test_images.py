@@ -218,6 +218,8 @@ def test_fastcollate_loader_advances_the_epoch_when_the_user_does_not(folder):
     loader = fastcollate.DataLoader(ds, batch_size=7)
     first, second = [x for x, _ in loader], [x for x, _ in loader]
     assert ds.epoch == 1 and not torch.equal(first[0], second[0])
+    again = fastcollate.DataLoader(ds, batch_size=7)  # a new loader over the same dataset: the next epoch
+    assert not torch.equal([x for x, _ in again][0], second[0]) and ds.epoch == 2
     ds.set_epoch(0)  # once the user sets epochs, the loader leaves them alone
     third = [x for x, _ in loader]
     assert ds.epoch == 0 and torch.equal(first[0], third[0])

@@ -97,9 +97,11 @@ class ImageFolder(Dataset):
                                     f"{self.root}")
         self.targets = [t for _, t in self.samples]
         self.imgs = self.samples
-        self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()  # [epoch, set by the user]
+        # [epoch, set by the user, loader passes begun]: shared, so every worker reads the epoch
+        self._epoch = torch.zeros(3, dtype=torch.int64).share_memory_()
         self._seen: bytearray | None = None
         self._seen_epoch = -1
+        self._seen_pid = os.getpid()
         self.stats_ = Stats()
 
     # -- the epoch
@@ -113,9 +115,11 @@ class ImageFolder(Dataset):
         return int(self._epoch[0])
 
     def _loader_epoch(self) -> None:
-        """fastcollate.DataLoader's call at each new epoch: the next one, unless the user sets them."""
-        if not int(self._epoch[1]):
+        """fastcollate.DataLoader's call at each pass it begins: from the second pass on (of any
+        loader over this dataset), the next epoch, unless the user sets them."""
+        if int(self._epoch[2]) and not int(self._epoch[1]):
             self._epoch[0] += 1
+        self._epoch[2] += 1
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -178,8 +182,9 @@ class ImageFolder(Dataset):
     def _note_repeats(self, indices: Sequence[int], epoch: int) -> None:
         if int(self._epoch[1]) or self._seen_epoch == -2:
             return
-        if self._seen is None or self._seen_epoch != epoch:
-            self._seen, self._seen_epoch = bytearray(len(self.samples)), epoch
+        if self._seen is None or self._seen_epoch != epoch or self._seen_pid != os.getpid():
+            # a forked worker starts with its parent's notes: its own begin empty
+            self._seen, self._seen_epoch, self._seen_pid = bytearray(len(self.samples)), epoch, os.getpid()
         seen = self._seen
         for i in indices:
             if seen[i]:

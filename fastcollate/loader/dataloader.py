@@ -279,13 +279,12 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
         return auto.log if auto is not None else []
 
     def __iter__(self) -> Any:
-        # a dataset whose randomness is drawn per epoch (fastcollate.images.ImageFolder) gets the
-        # next epoch at each pass after the first, unless the user sets its epochs
+        # a dataset whose randomness is drawn per epoch (fastcollate.images.ImageFolder) is told
+        # of each pass: it moves to the next epoch at every pass after its first, whichever
+        # loader makes it, unless the user sets its epochs
         advance = getattr(self.dataset, "_loader_epoch", None)
         if advance is not None:
-            if self.__dict__.get("_passes", 0):
-                advance()
-            self.__dict__["_passes"] = self.__dict__.get("_passes", 0) + 1
+            advance()
         auto = self.__dict__.get("_auto")
         if auto is None:
             return super().__iter__()
