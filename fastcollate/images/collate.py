@@ -16,9 +16,9 @@ import torch
 from .. import _ext
 from . import reference
 from .boxes import CenterCrop, Plan, RandomResizedCrop
-from .decoding import DecodeError, Source, _count, as_bytes, available, default_max_pixels, inspect
+from .decoding import DecodeError, Source, count_route, as_bytes, available, default_max_pixels, inspect
 
-__all__ = ["run_batch", "ImageBatch", "decode_collate", "Stats"]
+__all__ = ["run_batch", "ImageBatch", "decode_collate", "Stats", "arena_for", "decode_threads"]
 
 
 class Stats:
@@ -33,7 +33,7 @@ class Stats:
                 "read_s": self.read_s, "decode_s": self.decode_s, "resize_s": self.resize_s}
 
 
-def _threads(threads: int | None) -> int:
+def decode_threads(threads: int | None) -> int:
     if threads is not None:
         return max(1, int(threads))
     from torch.utils.data import get_worker_info
@@ -51,7 +51,7 @@ def run_batch(sources: Sequence[Source], plans: Sequence[Plan], out_hw: tuple[in
     C = _ext._C
     fallbacks = [i for i, s in enumerate(sources) if not s.engine]
     for i in fallbacks:
-        _count(f"pillow: {sources[i].why}")
+        count_route(f"pillow: {sources[i].why}")
     if C is None:  # no engine: the reference, image by image
         for i, (s, p) in enumerate(zip(sources, plans)):
             out[i].copy_(reference.apply(s.pixels(), p, out_hw))
@@ -68,7 +68,7 @@ def run_batch(sources: Sequence[Source], plans: Sequence[Plan], out_hw: tuple[in
         if bad:
             more = f" ({len(bad) - 1} more images of this batch failed too)" if len(bad) > 1 else ""
             raise DecodeError(f"fastcollate.images: {sources[bad[0]].name} cannot be decoded: {errors[bad[0]]}{more}")
-        _count("engine", len(sources) - len(fallbacks))
+        count_route("engine", len(sources) - len(fallbacks))
     if stats is not None:
         stats.batches += 1
         stats.images += len(sources)
@@ -200,7 +200,7 @@ def decode_collate(transform: RandomResizedCrop | CenterCrop, *, key: Any = None
             sources.append(src)
             plans.append(transform.plan(box, src.height, src.width, src.engine))
         images, _ = arena_for(len(batch), transform.size, None)
-        run_batch(sources, plans, transform.size, images, _threads(threads), stats)
+        run_batch(sources, plans, transform.size, images, decode_threads(threads), stats)
         rest = [_without(s, where) for s in batch]
         out = (collate_fn or default)(rest)
         return _with(out, where, images, batch[0])

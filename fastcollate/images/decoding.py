@@ -20,7 +20,7 @@ import torch
 
 from .. import _ext
 
-__all__ = ["DecodeError", "decode", "available", "why_not", "Source", "inspect", "inspect_many", "pillow_pixels", "as_bytes",
+__all__ = ["DecodeError", "decode", "available", "why_not", "Source", "inspect", "inspect_many", "pillow_pixels", "as_bytes", "count_route",
            "default_max_pixels", "counts"]
 
 _DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS, where Pillow is not installed
@@ -39,7 +39,7 @@ def counts() -> dict[str, int]:
         return dict(_counts)
 
 
-def _count(key: str, n: int = 1) -> None:
+def count_route(key: str, n: int = 1) -> None:
     with _counts_lock:
         _counts[key] += n
 
@@ -179,8 +179,8 @@ def decode(data: Any, *, max_pixels: int | None = None) -> torch.Tensor:
             hwc = _ext._C.jpeg_decode(src.data, 1, 0, 0, src.height, src.width, False)
         except ValueError as exc:
             raise DecodeError(f"fastcollate.images: the image cannot be decoded: {exc}") from None
-        _count("engine")
+        count_route("engine")
     else:
         hwc = src.pixels()
-        _count(f"pillow: {src.why}")
+        count_route(f"pillow: {src.why}")
     return hwc.permute(2, 0, 1).contiguous()

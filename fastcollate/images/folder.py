@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from .. import _ext
 from .boxes import Box, CenterCrop, RandomResizedCrop
-from .collate import ImageBatch, Stats, _threads, arena_for, run_batch
+from .collate import ImageBatch, Stats, decode_threads, arena_for, run_batch
 from .decoding import DecodeError, Source, as_bytes, default_max_pixels, inspect_many
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "make_dataset"]
@@ -202,7 +202,7 @@ class ImageFolder(Dataset):
         idx = [self._check_index(i) for i in indices]
         if not idx:
             raise ValueError("fastcollate.images.ImageFolder: an empty batch")
-        threads = _threads(threads if threads is not None else self.threads)
+        threads = decode_threads(threads if threads is not None else self.threads)
         epoch = self.epoch
         sources = self._sources(idx, threads)
         plans = [self.transform.plan(self._box(i, s.height, s.width, epoch), s.height, s.width, s.engine)
