@@ -43,10 +43,16 @@ def test_what_differs_is_named_and_what_is_the_same_agrees():
     assert fingerprint([torch.zeros(3)]).digest != fingerprint([torch.tensor([0.0, 0.0, -0.0])]).digest  # bytes
 
 
-def test_another_process_with_another_hash_seed_agrees():
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_cache_identity import Folder; "
+def test_another_process_with_another_hash_seed_agrees(tmp_path):
+    for k in range(3):
+        (tmp_path / f"f{k}.bin").write_bytes(b"x" * k)
+    paths = repr(frozenset(str(tmp_path / f"f{k}.bin") for k in range(3)))
+    code = ("import sys, logging; sys.path.insert(0, 'tests'); from test_cache_identity import Folder; "
             "from fastcollate.data.cache_identity import fingerprint; "
-            "print(fingerprint(Folder([('/d/1', 0)], transform=frozenset({'x', 'y', 'z'}))).digest)")
+            "f = Folder([('/d/1', 0)], transform=frozenset({'x', 'y', 'z'})); "
+            f"f.files_set = {paths}; f.by_key = {{k: len(k) for k in f.files_set}}; "
+            "f.log = logging.getLogger('ds'); f.log.isEnabledFor(10); "
+            "print(fingerprint(f).digest)")
     got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
                           env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2", "3")}
     assert len(got) == 1, got
@@ -77,6 +83,7 @@ def test_what_it_cannot_read_whole_it_says_and_a_key_replaces_it():
 
         def __len__(self):
             return 3
+    HF.__module__ = "datasets.arrow_dataset"
     assert fingerprint(HF("abc")).complete and fingerprint(HF("abc")).digest != fingerprint(HF("abd")).digest
     keyed = fingerprint(Folder([1]), key="v1")
     assert keyed.key == "v1" and keyed.digest == fingerprint(Folder([2]), key="v1").digest
@@ -100,3 +107,25 @@ def test_the_spot_check_compares_bytes_then_values():
     other = {**samples, 2: {"x": torch.full((4,), 9), "s": {"a", "b"}}}
     assert spot_check([0, 2, 3], cached, other.__getitem__, encode) == 2
     assert same_value(float("nan"), float("nan")) and not same_value(torch.zeros(2), torch.zeros(2, dtype=torch.int64))
+
+
+def test_an_image_folder_fingerprints_alike_in_two_processes(tmp_path):
+    import sys as _sys
+    sys_path = os.path.dirname(os.path.abspath(__file__))
+    _sys.path.insert(0, sys_path)
+    from images_data import write_folder
+
+    write_folder(str(tmp_path), n_per_class=2)
+    code = ("import fastcollate.images as fi; from fastcollate.data.cache_identity import fingerprint; "
+            f"ds = fi.ImageFolder({str(tmp_path)!r}, transform=fi.RandomResizedCrop(8)); ds.set_epoch(3); "
+            "f = fingerprint(ds); print(f.digest, f.complete)")
+    got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+           for _ in range(2)}
+    assert len(got) == 1 and got.pop().split()[1] == "True"
+
+
+def test_functions_by_what_they_compute():
+    def make(k):
+        return lambda x: x + k
+    assert fingerprint([make(1)]).digest == fingerprint([make(1)]).digest
+    assert fingerprint([make(1)]).digest != fingerprint([make(2)]).digest  # the captured value counts

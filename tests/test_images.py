@@ -381,3 +381,15 @@ def test_fast_mode_is_close_to_exact_on_the_box_it_reports():
         assert diff.mean() <= 3.0 and psnr >= 30, (i, plan, float(diff.mean()), float(psnr))
     assert scaled >= 4
     assert fast.plan(fast.box(900, 1200, 0, 0, 0), 900, 1200, scalable=False).denom == 1  # Pillow's: exact
+
+
+def test_repeats_are_counted_across_fresh_workers_and_empty_classes_refused(folder, tmp_path):
+    ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(16), seed=2)
+    for _ in range(2):  # torch's loader, fresh workers each epoch, no set_epoch
+        list(DataLoader(ds, batch_size=7, num_workers=2, timeout=120))
+    assert int(ds._epoch[5]) == 1  # said (in a worker: its stderr), once for every process
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "1.jpg").write_bytes(VARIANTS["7x5"])
+    with pytest.raises(FileNotFoundError, match="class folder.s. b"):
+        fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(4))

@@ -21,18 +21,26 @@
 namespace fastcollate {
 namespace {
 
+// a pool thread keeps its decode buffer between images up to this size (a 12 MP photo's box
+// rows: ~36 MB); a larger one is freed after its image
+constexpr size_t kKeepScratch = size_t{64} << 20;
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
 std::string check_job(const ImageJob& j, int out_h, int out_w) {
+  // sums in 64 bits: nothing here may wrap, whatever a binding's caller passed
   if (j.h <= 0 || j.w <= 0 || j.top < 0 || j.left < 0) return "the box is empty or starts outside the image";
   if (j.resize_h <= 0 || j.resize_w <= 0) return "the resize target is empty";
-  if (j.crop_top < 0 || j.crop_left < 0 || j.crop_top + out_h > j.resize_h || j.crop_left + out_w > j.resize_w)
+  if (j.crop_top < 0 || j.crop_left < 0 || int64_t{j.crop_top} + out_h > j.resize_h ||
+      int64_t{j.crop_left} + out_w > j.resize_w)
     return "the output window is outside the resized box";
-  if (j.pixels != nullptr && (j.top + j.h > j.pixels_h || j.left + j.w > j.pixels_w))
+  if (j.pixels != nullptr && (int64_t{j.top} + j.h > j.pixels_h || int64_t{j.left} + j.w > j.pixels_w))
     return "the box is outside the decoded image";
+  if (j.pixels == nullptr && (j.width <= 0 || int64_t{j.left} + j.w > j.width))
+    return "the image's width is smaller than the box";
   if (j.pixels == nullptr && j.data == nullptr) return "no source";
   return "";
 }
@@ -52,7 +60,6 @@ std::string run_one(const ImageJob& j, uint8_t* dst, int out_h, int out_w, std::
   } else {
     // the rows decoded in place at the image's width: the box is a strided view of them, read
     // by the resize directly (a packed copy of the box cost ~9% of the stage)
-    if (j.width < j.left + j.w) return "the image's width is smaller than the box";
     const int stride = j.width * 3;
     scratch->resize(static_cast<size_t>(j.h) * stride);
     int col = 0;
@@ -90,6 +97,7 @@ void run_image_jobs(const std::vector<ImageJob>& jobs, uint8_t* out, int out_h, 
     } catch (const std::exception& exc) {
       (*errors)[i] = exc.what();
     }
+    if (scratch.capacity() > kKeepScratch) std::vector<uint8_t>().swap(scratch);  // one huge photo: not kept
   }, threads);
 }
 

@@ -90,7 +90,9 @@ int run_c(jpeg_decompress_struct* cinfo, Trap* trap, const uint8_t* data, size_t
   cinfo->scale_denom = static_cast<unsigned int>(r->denom);
   jpeg_start_decompress(cinfo);
   const int full_w = static_cast<int>(cinfo->output_width), full_h = static_cast<int>(cinfo->output_height);
-  if (r->top < 0 || r->left < 0 || r->h <= 0 || r->w <= 0 || r->top + r->h > full_h || r->left + r->w > full_w) {
+  // in 64 bits: a binding's caller may pass anything, and top + h must not wrap
+  if (r->top < 0 || r->left < 0 || r->h <= 0 || r->w <= 0 || int64_t{r->top} + r->h > full_h ||
+      int64_t{r->left} + r->w > full_w) {
     std::snprintf(trap->message, sizeof(trap->message), "the region (top %d, left %d, %dx%d) is outside the %dx%d image",
                   r->top, r->left, r->h, r->w, full_h, full_w);
     jpeg_destroy_decompress(cinfo);

@@ -86,9 +86,10 @@ py::tuple image_batch(at::Tensor out, const std::vector<PyImageJob>& jobs, int t
     ImageJob& j = plain[i];
     if (p.pixels.has_value()) {
       const at::Tensor& px = *p.pixels;
-      TORCH_CHECK(px.scalar_type() == at::kByte && px.dim() == 3 && px.size(2) == 3 && px.is_contiguous(),
-                  "image_batch: job ", i, ": pixels must be a contiguous uint8 [H, W, 3] tensor, got ",
-                  px.scalar_type(), " of shape ", px.sizes());
+      TORCH_CHECK(px.device().is_cpu() && px.scalar_type() == at::kByte && px.dim() == 3 && px.size(2) == 3 &&
+                      px.is_contiguous(),
+                  "image_batch: job ", i, ": pixels must be a contiguous uint8 [H, W, 3] CPU tensor, got ",
+                  px.scalar_type(), " of shape ", px.sizes(), " on ", px.device());
       j.pixels = px.data_ptr<uint8_t>();
       j.pixels_h = static_cast<int>(px.size(0));
       j.pixels_w = static_cast<int>(px.size(1));

@@ -33,9 +33,13 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import io
+import logging
 import os
 import random
+import stat
 import sys
+import threading
 import types
 from typing import Any, Callable
 
@@ -56,6 +60,10 @@ PART_LIMIT = 32            # top-level attributes named apart (the rest hashed a
 
 _PLAIN = (str, int, float, bool, type(None), bytes, complex)
 _RNG = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
+# process-local machinery, hashed by type only: a logger's caches and handlers, a thread's ids,
+# locks and open files differ between ranks holding the same data
+_LOCAL = (logging.Logger, logging.Handler, logging.Manager, threading.Thread, io.IOBase,
+          type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +119,9 @@ class _Walk:
             self.sample(f"more than {MAX_OBJECTS} objects")
             h.update(b"~")
             return
+        if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > 4096:
+            h.update(b"bigint:" + obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
+            return
         if isinstance(obj, (bool, int, float, complex, type(None))):
             h.update(f"{type(obj).__name__}:{obj!r};".encode())
             return
@@ -118,9 +129,10 @@ class _Walk:
             self._str(h, obj)
             return
         if isinstance(obj, (bytes, bytearray, memoryview)):
-            data = bytes(obj)
-            h.update(b"b%d:" % len(data))
-            self._bytes(h, np.frombuffer(data, np.uint8), "a bytes value")
+            view = memoryview(obj)
+            flat = np.frombuffer(view.cast("B") if view.c_contiguous else view.tobytes(), np.uint8)  # no copy
+            h.update(b"b%d:" % flat.size)
+            self._bytes(h, flat, "a bytes value")
             return
         if isinstance(obj, enum.Enum):
             h.update(f"enum:{type(obj).__qualname__}.{obj.name};".encode())
@@ -129,9 +141,11 @@ class _Walk:
             path = os.fspath(obj)
             self._str(h, path if isinstance(path, str) else os.fsdecode(path))
             return
-        if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-                            types.ModuleType)):
+        if isinstance(obj, (types.BuiltinFunctionType, type, types.ModuleType)):
             h.update(f"code:{_qualname(obj)};".encode())
+            return
+        if isinstance(obj, _LOCAL):
+            h.update(f"local:{_qualname(type(obj))};".encode())
             return
         if isinstance(obj, _RNG):
             h.update(f"rng:{type(obj).__qualname__};".encode())  # the random part, not the data
@@ -154,18 +168,35 @@ class _Walk:
             h.update(f"np:{obj.dtype.str}:".encode() + obj.tobytes())
         elif isinstance(obj, (list, tuple)):
             self._sequence(h, obj, depth)
-        elif isinstance(obj, dict):
+        elif type(obj) is dict or isinstance(obj, (set, frozenset)):
+            # order-free, as == is: each item alone, the digests sorted (an order from iterating a
+            # set changes with the hash seed); items walked with a scratch `seen`, so that their
+            # ordinals do not depend on that order either
+            items = obj.items() if isinstance(obj, dict) else ((v,) for v in obj)
+            digests = []
+            for item in items:
+                e = hashlib.blake2b()
+                outer, self.seen = self.seen, dict(self.seen)
+                try:
+                    for v in item:
+                        self.feed(e, v, depth + 1)
+                finally:
+                    self.seen = outer
+                digests.append(e.digest())
+            h.update(f"{type(obj).__qualname__}[{len(obj)}]:".encode() + b"".join(sorted(digests)))
+        elif isinstance(obj, dict):  # an OrderedDict, a defaultdict...: in order
             h.update(f"{type(obj).__qualname__}[{len(obj)}]:".encode())
             for k, v in obj.items():
                 self.feed(h, k, depth + 1)
                 self.feed(h, v, depth + 1)
-        elif isinstance(obj, (set, frozenset)):
-            digests = []
-            for v in obj:  # a set's order changes with the hash seed: each element alone, sorted
-                e = hashlib.blake2b()
-                self.feed(e, v, depth + 1)
-                digests.append(e.digest())
-            h.update(f"set[{len(obj)}]:".encode() + b"".join(sorted(digests)))
+        elif isinstance(obj, types.MethodType):
+            h.update(b"method:")
+            self.feed(h, obj.__func__, depth + 1)
+            self.feed(h, obj.__self__, depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            self._function(h, obj, depth)
+        elif isinstance(obj, types.CodeType):
+            self._code(h, obj, depth)
         elif isinstance(obj, functools.partial):
             h.update(b"partial:")
             self.feed(h, obj.func, depth + 1)
@@ -173,6 +204,29 @@ class _Walk:
             self.feed(h, obj.keywords, depth + 1)
         else:
             self._object(h, obj, depth)
+
+    def _function(self, h: "hashlib._Hash", fn: types.FunctionType, depth: int) -> None:
+        """A function by what it computes: its code, defaults and captured values, and its file's
+        size and mtime (a transform edited between two attempts of a job is another one)."""
+        h.update(f"function:{_qualname(fn)};".encode())
+        self._code(h, fn.__code__, depth)
+        self.feed(h, fn.__defaults__, depth + 1)
+        self.feed(h, fn.__kwdefaults__, depth + 1)
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                value = "<empty cell>"
+            self.feed(h, value, depth + 1)
+        path = getattr(fn.__code__, "co_filename", None)
+        if path and os.path.isabs(path):
+            self.paths.append(path)
+
+    def _code(self, h: "hashlib._Hash", code: types.CodeType, depth: int) -> None:
+        h.update(b"co:" + code.co_code)
+        for c in code.co_consts:
+            self.feed(h, c, depth + 1)
+        h.update("/".join(code.co_names).encode())
 
     def _str(self, h: "hashlib._Hash", s: str) -> None:
         data = s.encode("utf-8", "surrogatepass")
@@ -199,13 +253,17 @@ class _Walk:
             self.sample(f"a {t.device.type} tensor ({t.layout}): its shape only")
             return
         t = t.detach()
-        if t.is_quantized or t.numel() == 0:
+        if t.is_quantized:
+            self.sample("a quantized tensor: its shape only")
             return
+        if t.numel() == 0:
+            return
+        t = t.resolve_conj().resolve_neg()
         if not t.is_contiguous():
-            if t.numel() * t.element_size() > WHOLE_ARRAY and t.dim() > 0:
-                rows = torch.linspace(0, t.shape[0] - 1, min(t.shape[0], CHUNKS)).long()
-                self.sample(f"a non-contiguous tensor of {tuple(t.shape)} (hashed by {len(rows)} rows)")
-                t = t.index_select(0, rows)
+            if t.numel() * t.element_size() > WHOLE_ARRAY:
+                flat = torch.linspace(0, t.numel() - 1, CHUNKS * CHUNK // t.element_size()).long()
+                self.sample(f"a non-contiguous tensor of {tuple(t.shape)} (hashed at {len(flat)} elements)")
+                t = t[torch.unravel_index(flat, t.shape)]  # those elements alone: no whole copy
             t = t.contiguous()
         self._bytes(h, t.reshape(-1).view(torch.uint8).numpy(), "a tensor")
 
@@ -222,9 +280,9 @@ class _Walk:
             return
         if not a.flags.c_contiguous:
             if a.nbytes > WHOLE_ARRAY and a.ndim > 0:
-                rows = np.linspace(0, a.shape[0] - 1, min(a.shape[0], CHUNKS)).astype(np.int64)
-                self.sample(f"a non-contiguous array of {a.shape} (hashed by {len(rows)} rows)")
-                a = a[rows]
+                flat = np.linspace(0, a.size - 1, CHUNKS * CHUNK // a.itemsize).astype(np.int64)
+                self.sample(f"a non-contiguous array of {a.shape} (hashed at {len(flat)} elements)")
+                a = a[np.unravel_index(flat, a.shape)]  # those elements alone: no whole copy
             a = np.ascontiguousarray(a)
         self._bytes(h, a.reshape(-1).view(np.uint8), "an array")
 
@@ -233,9 +291,17 @@ class _Walk:
         if len(seq) > LONG_LIST and _plain_sample(seq):
             # a long list of plain values (a file list of (path, label) pairs): repr is exact for
             # them and runs in C, where a walk would visit every element in Python
-            text = repr(seq)
-            if " at 0x" not in text:
-                h.update(text.encode("utf-8", "surrogatepass"))
+            step = 65536  # in slices: a 10M-entry list never becomes one giant string
+            texts = (repr(seq[i:i + step]) for i in range(0, len(seq), step))
+            e = hashlib.blake2b()
+            plain = True
+            for text in texts:
+                if " at 0x" in text:
+                    plain = False
+                    break
+                e.update(text.encode("utf-8", "surrogatepass"))
+            if plain:
+                h.update(e.digest())
                 for i in np.linspace(0, len(seq) - 1, min(len(seq), STAT_PATHS)).astype(np.int64):
                     for v in (seq[i] if isinstance(seq[i], (tuple, list)) else (seq[i],)):
                         if isinstance(v, str) and os.sep in v:
@@ -246,8 +312,8 @@ class _Walk:
 
     def _object(self, h: "hashlib._Hash", obj: Any, depth: int) -> None:
         h.update(f"object:{_qualname(type(obj))}:".encode())
-        own = getattr(obj, "_fingerprint", None)  # a 🤗 datasets.Dataset names its content itself
-        if isinstance(own, str) and own:
+        own = _own_fingerprint(obj)
+        if own is not None:
             h.update(b"own:" + own.encode())
             return
         state = _state(obj)
@@ -259,17 +325,20 @@ class _Walk:
             self.feed(h, v, depth + 1)
 
     def files(self) -> str | None:
-        """The size and mtime of up to STAT_PATHS of the file paths seen, evenly spaced."""
-        if not self.paths:
+        """The size and mtime of up to STAT_PATHS of the regular files named, evenly spaced in
+        sorted order (directories left out: any new file changes their mtime)."""
+        paths = sorted(set(self.paths))
+        if not paths:
             return None
         h = hashlib.blake2b()
-        picks = np.linspace(0, len(self.paths) - 1, min(len(self.paths), STAT_PATHS)).astype(np.int64)
+        picks = np.linspace(0, len(paths) - 1, min(len(paths), STAT_PATHS)).astype(np.int64)
         for i in sorted(set(picks.tolist())):
             try:
-                st = os.stat(self.paths[i])
+                st = os.stat(paths[i])
             except (OSError, ValueError):
                 continue
-            h.update(f"{self.paths[i]}:{st.st_size}:{st.st_mtime_ns};".encode("utf-8", "surrogatepass"))
+            if stat.S_ISREG(st.st_mode):
+                h.update(f"{paths[i]}:{st.st_size}:{st.st_mtime_ns};".encode("utf-8", "surrogatepass"))
         return _hex(h)
 
 
@@ -287,22 +356,42 @@ def _plain_sample(seq: Any) -> bool:
     return True
 
 
+def _own_fingerprint(obj: Any) -> str | None:
+    """A 🤗 datasets object's own content fingerprint (its ``_fingerprint``, read from its own
+    __dict__: a wrapper forwarding attributes to one must not pass for it)."""
+    if not (type(obj).__module__ or "").startswith("datasets"):
+        return None
+    try:
+        own = vars(obj).get("_fingerprint")
+    except TypeError:
+        return None
+    return own if isinstance(own, str) and own else None
+
+
 def _state(obj: Any) -> list[tuple[str, Any]] | None:
-    """An object's attributes in a fixed order (its __dict__'s, then its slots'); None where it has neither."""
+    """An object's attributes in a fixed order (its __dict__'s, then its slots'); None where it
+    has neither. An object may name its identity itself: ``_fastcollate_identity()`` (what its
+    samples depend on; a dataset's per-process notes and counters left out). Values a
+    ``functools.cached_property`` put in __dict__ are left out: only some ranks may have read them."""
+    ident = getattr(type(obj), "_fastcollate_identity", None)
+    if callable(ident):
+        return [("identity", ident(obj))]
     out: list[tuple[str, Any]] = []
     found = False
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict):
         found = True
-        out.extend(d.items())
+        lazy = {k for k in d if isinstance(getattr(type(obj), k, None), functools.cached_property)}
+        out.extend((k, v) for k, v in d.items() if k not in lazy)
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name in ("__dict__", "__weakref__"):
                 continue
             found = True
+            stored = f"_{cls.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__") else name
             try:
-                out.append((name, getattr(obj, name)))
+                out.append((name, object.__getattribute__(obj, stored)))
             except AttributeError:
                 out.append((name, "<unset>"))
     return out if found else None
@@ -347,8 +436,8 @@ def fingerprint(dataset: Any, key: str | None = None) -> Fingerprint:
     part("length", lambda h: h.update(repr(length).encode()))
     part("code", lambda h: h.update(_code_part(dataset).encode("utf-8", "surrogatepass")))
     state = _state(dataset) if not isinstance(dataset, (list, tuple, dict, torch.Tensor, np.ndarray)) else None
-    own = getattr(dataset, "_fingerprint", None)  # a 🤗 datasets.Dataset names its content itself
-    if isinstance(own, str) and own:
+    own = _own_fingerprint(dataset)  # a 🤗 datasets.Dataset names its content itself
+    if own is not None:
         part("content", lambda h: h.update(own.encode()))
     elif state is None:
         part("items", lambda h: walk.feed(h, dataset))

@@ -4,7 +4,7 @@
 tries of a scale and a log-uniform ratio, then the central fallback), and its flip as
 ``RandomHorizontalFlip``, but from a counter-based generator of (seed, epoch, index) instead of
 the process's global one: the same boxes whatever the number of workers, whichever loader,
-persistent workers and resumed loaders included. ``CenterCrop`` is torchvision's ``Resize`` of
+persistent workers included, and a resumed loader given its epoch by ``set_epoch``. ``CenterCrop`` is torchvision's ``Resize`` of
 the shorter side then ``CenterCrop``. Both turn a box into a :class:`Plan`, what the engine
 runs: the DCT scale to decode at, the box in decoded pixels, the size it is resized to, the
 window taken from that, the flip.

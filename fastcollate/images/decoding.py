@@ -4,7 +4,7 @@ WebP, GIF, ...), each counted. Pillow is also the whole path where the engine wa
 libjpeg (``available()`` says so, ``why_not()`` says how to get it).
 
 Bad input -- empty, truncated, header-only, corrupt, not an image, or larger than
-``max_pixels`` (Pillow's ``Image.MAX_IMAGE_PIXELS`` by default) -- raises :class:`DecodeError`
+``max_pixels`` (where Pillow refuses: twice its ``Image.MAX_IMAGE_PIXELS``, by default) -- raises :class:`DecodeError`
 (an ``OSError``, as Pillow's errors are) naming the file and the sample.
 """
 from __future__ import annotations
@@ -63,11 +63,13 @@ def why_not() -> str | None:
 
 
 def default_max_pixels() -> int:
+    """Where Pillow refuses an image (its DecompressionBombError: twice ``Image.MAX_IMAGE_PIXELS``;
+    at once that it only warns), so that what torchvision's ImageFolder loads loads here too."""
     try:
         from PIL import Image
     except ImportError:
-        return _DEFAULT_MAX_PIXELS
-    return int(Image.MAX_IMAGE_PIXELS) if Image.MAX_IMAGE_PIXELS else (1 << 62)
+        return 2 * _DEFAULT_MAX_PIXELS
+    return 2 * int(Image.MAX_IMAGE_PIXELS) if Image.MAX_IMAGE_PIXELS else (1 << 62)
 
 
 def as_bytes(data: Any) -> torch.Tensor:

@@ -6,7 +6,7 @@ A sample's box depends on (seed, epoch, index) alone (fastcollate.images.boxes).
 in a small shared tensor, so ``set_epoch`` in the main process reaches every worker, persistent
 ones included (each batch reads it). ``fastcollate.DataLoader`` advances it at each new epoch
 when you never call ``set_epoch`` yourself; with torch's DataLoader call it each epoch, as you
-do for a DistributedSampler (an index drawn twice in one epoch says so once).
+do for a DistributedSampler (well over an epoch's samples at one epoch, counted across workers, says so once).
 """
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ def make_dataset(root: str, class_to_idx: dict[str, int], extensions: Sequence[s
             for name in sorted(names):
                 if name.lower().endswith(exts):
                     out.append((os.path.join(dirpath, name), class_to_idx[cls]))
+    found = {c for _, c in out}
+    empty = [cls for cls, i in sorted(class_to_idx.items(), key=lambda kv: kv[1]) if i not in found]
+    if empty:  # torchvision's ImageFolder refuses them too (allow_empty=False)
+        raise FileNotFoundError(f"fastcollate.images.ImageFolder: no file with one of {tuple(extensions)} in the "
+                                f"class folder(s) {', '.join(empty)} of {root}")
     return out
 
 
@@ -60,8 +65,8 @@ class ImageFolder(Dataset):
             None: the whole decoded image (sizes differ: collate with a collate_fn of yours).
         seed: with the epoch and the index, all a sample's randomness depends on.
         extensions: the files taken (torchvision's ``IMG_EXTENSIONS`` by default, any case).
-        max_pixels: images larger than this are refused (default: Pillow's
-            ``Image.MAX_IMAGE_PIXELS``).
+        max_pixels: images larger than this are refused (default: where Pillow refuses,
+            twice its ``Image.MAX_IMAGE_PIXELS``).
         threads: decode threads in the main process (default ``min(4, cores)``; in a DataLoader
             worker, the collate's: 1 unless its Collator says otherwise).
 
@@ -97,12 +102,15 @@ class ImageFolder(Dataset):
                                     f"{self.root}")
         self.targets = [t for _, t in self.samples]
         self.imgs = self.samples
-        # [epoch, set by the user, loader passes begun]: shared, so every worker reads the epoch
-        self._epoch = torch.zeros(3, dtype=torch.int64).share_memory_()
-        self._seen: bytearray | None = None
-        self._seen_epoch = -1
-        self._seen_pid = os.getpid()
+        # shared, so every worker reads the epoch: [epoch, set by the user, loader passes begun,
+        # samples decoded in loader batches at epoch [4], said already]
+        self._epoch = torch.zeros(6, dtype=torch.int64).share_memory_()
         self.stats_ = Stats()
+
+    def _fastcollate_identity(self) -> Any:
+        """What its samples depend on, for the node cache's fingerprint (fastcollate.data.
+        cache_identity): not the epoch, counters or this process's notes."""
+        return (self.root, self.transform, self.seed, self.extensions, self.max_pixels, self.samples)
 
     # -- the epoch
     def set_epoch(self, epoch: int) -> None:
@@ -179,21 +187,22 @@ class ImageFolder(Dataset):
         box = self._box(i, src.height, src.width, self.epoch)
         return tuple(self.transform.plan(box, src.height, src.width, src.engine).box)  # type: ignore[return-value]
 
-    def _note_repeats(self, indices: Sequence[int], epoch: int) -> None:
-        if int(self._epoch[1]) or self._seen_epoch == -2:
+    def _note_repeats(self, n: int, epoch: int) -> None:
+        """Counts the samples loader batches decoded at this epoch, in every process (the counts
+        are shared: fresh workers each epoch add to the same ones); well past one epoch's worth
+        without a new epoch, says once that the crops repeat."""
+        e = self._epoch
+        if int(e[1]) or int(e[5]):
             return
-        if self._seen is None or self._seen_epoch != epoch or self._seen_pid != os.getpid():
-            # a forked worker starts with its parent's notes: its own begin empty
-            self._seen, self._seen_epoch, self._seen_pid = bytearray(len(self.samples)), epoch, os.getpid()
-        seen = self._seen
-        for i in indices:
-            if seen[i]:
-                self._seen_epoch = -2  # said once
-                warnings.warn(f"fastcollate.images.ImageFolder: index {i} was drawn twice at epoch {epoch}: a new epoch "
-                              "without set_epoch repeats the last epoch's crops. Call dataset.set_epoch(epoch) each "
-                              "epoch (fastcollate.DataLoader advances it for you)", stacklevel=3)
-                return
-            seen[i] = 1
+        if int(e[4]) != epoch:
+            e[4], e[3] = epoch, 0
+        e[3] += n
+        if int(e[3]) > 1.5 * len(self.samples) + n:
+            e[5] = 1
+            warnings.warn(f"fastcollate.images.ImageFolder: {int(e[3])} samples decoded at epoch {epoch} of a "
+                          f"{len(self.samples)}-image folder: a new epoch without set_epoch repeats the last epoch's "
+                          "crops. Call dataset.set_epoch(epoch) each epoch (fastcollate.DataLoader advances it for "
+                          "you; a sampler with replacement draws more on purpose)", stacklevel=3)
 
     def _decode(self, indices: Sequence[int], alloc: Any, threads: int | None, batch: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +219,7 @@ class ImageFolder(Dataset):
         images, labels = arena_for(len(idx), self.transform.size, alloc)
         run_batch(sources, plans, self.transform.size, images, threads, self.stats_)
         if batch:
-            self._note_repeats(idx, epoch)
+            self._note_repeats(len(idx), epoch)
         labels.copy_(torch.tensor([self.samples[i][1] for i in idx], dtype=torch.int64))
         return images, labels
 
@@ -231,6 +240,5 @@ class ImageFolder(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_seen"], state["_seen_epoch"] = None, -1  # a worker's own notes
-        state["stats_"] = Stats()
+        state["stats_"] = Stats()  # a worker's own
         return state
