@@ -393,3 +393,37 @@ def test_repeats_are_counted_across_fresh_workers_and_empty_classes_refused(fold
     (tmp_path / "a" / "1.jpg").write_bytes(VARIANTS["7x5"])
     with pytest.raises(FileNotFoundError, match="class folder.s. b"):
         fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(4))
+
+
+@pytest.mark.skipif(not ENGINE, reason=str(fi.why_not()))
+def test_the_decoder_under_address_and_undefined_sanitizers(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to build the sanitized harness")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = tmp_path / "harness"
+    build = subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                            "-fno-sanitize-recover=all", "-DFASTCOLLATE_WITH_JPEG=1", f"-I{root}/csrc",
+                            f"{root}/tests/jpeg_asan_harness.cpp", f"{root}/csrc/engine/jpeg.cpp", "-ljpeg", "-o", str(exe)],
+                           capture_output=True, text=True, timeout=300)
+    if build.returncode != 0:
+        pytest.skip(f"the sanitized harness does not build here: {build.stderr[-300:]}")
+    rng = np.random.default_rng(11)
+    files = []
+    for name, data in VARIANTS.items():  # each variant whole, cut short, and mutated
+        cases = [data] + [data[:c] for c in (2, 20, 300, len(data) // 2, len(data) - 2)]
+        for t in range(12):
+            bad = bytearray(data)
+            for pos in rng.integers(2, len(bad), int(rng.integers(1, 20))):
+                bad[pos] = int(rng.integers(0, 256))
+            cases.append(bytes(bad))
+        for k, c in enumerate(cases):
+            path = tmp_path / f"{name}-{k}.jpg"
+            path.write_bytes(c)
+            files.append(str(path))
+    run = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "decodes ok" in run.stdout

@@ -120,7 +120,7 @@ class ImageBatch(collections.abc.Sequence):
 def arena_for(batch: int, out_hw: tuple[int, int], alloc: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, 3, H, W] uint8 and [B] int64 views of one arena (``alloc``: nbytes -> uint8 tensor;
     None: the engine's pool, else a fresh tensor)."""
-    align = 64
+    align = _ext._C.align if _ext._C is not None else 64  # the engine's leaf alignment, as every arena's
     img_bytes = batch * 3 * out_hw[0] * out_hw[1]
     at = -(-img_bytes // align) * align
     total = at + batch * 8
