@@ -48,6 +48,16 @@ def test_an_epoch_dependent_dataset_never_gets_persistent_workers():
     assert "persistent" in lim.why["epoch"]
 
 
+def test_an_epoch_kept_in_shared_memory_allows_persistent_workers():
+    import fastcollate.images as fi
+    from fastcollate.training.doctor_proof import epoch_shared
+
+    assert epoch_shared(fi.ImageFolder.__new__(fi.ImageFolder)) and not epoch_shared([1, 2])
+    base = model.Setting("torch", 2, 2, False)
+    lim = _lim(base, epoch="ImageFolder.set_epoch", epoch_shared=True)
+    assert lim.persistent_ok and "reaches persistent workers" in lim.why["epoch"] and "cache" in lim.why["epoch"]
+
+
 def test_waiting_fetches_allow_more_workers_than_cores_within_memory():
     assert max(_lim(model.Setting("torch", 0)).workers) == 2
     lim = _lim(model.Setting("torch", 0), waiting=0.95)

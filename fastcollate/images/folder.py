@@ -81,6 +81,9 @@ class ImageFolder(Dataset):
     (['cat', 'dog'], torch.Size([3, 32, 32]), 1)
     """
 
+    # the epoch is in shared memory: persistent workers follow set_epoch (the doctor reads this)
+    epoch_reaches_workers = True
+
     def __init__(self, root: str | os.PathLike, transform: RandomResizedCrop | CenterCrop | None = None,
                  seed: int = 0, extensions: Sequence[str] = IMG_EXTENSIONS, max_pixels: int | None = None,
                  threads: int | None = None) -> None:

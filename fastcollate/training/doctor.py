@@ -38,7 +38,7 @@ from ..tuning import measure, model
 from ..tuning.memory import WorkerMemory
 from .doctor_look import Look, look, probe, replay_ceiling
 from .doctor_plan import limits, measuring_batches, plan
-from .doctor_proof import Proof, epoch_attribute, prove, some_samples
+from .doctor_proof import Proof, epoch_attribute, epoch_shared, prove, some_samples
 
 KINDS = {"torch": "torch's DataLoader, default_collate", "torch+fastcollate": "torch's DataLoader, fastcollate.collate",
          "fastcollate": "fastcollate.DataLoader (the ring)"}
@@ -329,7 +329,7 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
         memory_workers = max(0, int(room * 0.5 // (per_worker_mb * 2**20 + 8 * seen.batch_bytes)))
     lim = limits(base, kinds, cores=cores, waiting=seen.waiting, memory_workers=memory_workers, iterable=iterable,
                  epoch=epoch_attr, worker_init=loader_kwargs.get("worker_init_fn") is not None,
-                 main_fetch_ok=main_ok, cache=cache_state)
+                 main_fetch_ok=main_ok, cache=cache_state, epoch_shared=epoch_shared(dataset))
 
     profiles = _probes(builder, dataset, kinds, lim.workers, base_w, cores, work, seen, clock, say)
     pl = plan(base, profiles, work, lim, slow_batches=any(seen.spikes_s))

@@ -24,7 +24,8 @@ class Limits:
 
 
 def limits(base: model.Setting, kinds: list[str], *, cores: int, waiting: float, memory_workers: int | None,
-           iterable: bool, epoch: str | None, worker_init: bool, main_fetch_ok: bool, cache: str) -> Limits:
+           iterable: bool, epoch: str | None, worker_init: bool, main_fetch_ok: bool, cache: str,
+           epoch_shared: bool = False) -> Limits:
     """The settings the doctor may propose for the user's ``base``:
 
     - workers up to what the cores allow, beyond them where fetches wait (``waiting``, 0-1),
@@ -50,8 +51,11 @@ def limits(base: model.Setting, kinds: list[str], *, cores: int, waiting: float,
         why["main"] = ("your worker_init_fn prepares each worker: loading in the main process would skip it"
                        if worker_init and base.num_workers else
                        "the dataset cannot be fetched in the main process: loading stays in workers")
-    persistent_ok = not (epoch or iterable)
-    if epoch:
+    persistent_ok = not ((epoch and not epoch_shared) or iterable)
+    if epoch and epoch_shared:  # its epoch lives in shared memory (fastcollate.images.ImageFolder)
+        why["epoch"] = (f"the dataset changes with the epoch ({epoch}, which reaches persistent workers too): "
+                        "a cache would freeze it -- none is proposed")
+    elif epoch:
         why["epoch"] = (f"the dataset changes with the epoch ({epoch}): persistent workers would keep the epoch "
                         "they started in, and a cache would freeze it -- neither is proposed")
     return Limits(kinds=list(kinds), workers=counts, persistent_ok=persistent_ok, cache=cache, why=why)

@@ -87,6 +87,13 @@ class Proof:
 
 # ---- what the loader fetches --------------------------------------------------------------------
 
+def epoch_shared(dataset: Any) -> bool:
+    """Whether ``dataset`` keeps its epoch where every worker reads it (its class says
+    ``epoch_reaches_workers = True``: fastcollate.images.ImageFolder), so that persistent
+    workers follow ``set_epoch``."""
+    return bool(getattr(type(dataset), "epoch_reaches_workers", False))
+
+
 def epoch_attribute(dataset: Any) -> str | None:
     """The name of what makes ``dataset`` (or a dataset it wraps) change with the epoch: a
     ``set_epoch`` method or an ``epoch`` attribute; None when there is none."""
@@ -439,5 +446,5 @@ def some_samples(dataset: Any, loader_kwargs: dict[str, Any], batch_size: int | 
     return out if isinstance(out, list) else []
 
 
-__all__ = ["Proof", "prove", "epoch_attribute", "epoch_indices", "integer_key", "digest", "digests", "seeded",
+__all__ = ["Proof", "prove", "epoch_attribute", "epoch_shared", "epoch_indices", "integer_key", "digest", "digests", "seeded",
            "some_samples", "sampling_kwargs"]
