@@ -16,11 +16,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_two_ranks_gloo(tmp_path):
     token = f"ddp-test-{uuid.uuid4().hex[:8]}"
     out = tmp_path / token
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")  # an abort prints every thread's Python stack
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "examples", "ddp_train.py"), "--slow-rank", "1", "--epochs", "2", "--samples", "200",
            "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    if r.returncode != 0 and _teardown_abort(r, out):
+        # seen once in CI (none in 76 runs here beside 3 busy processes): a rank aborted in its
+        # teardown after every rank had written its results, most likely a gloo worker thread
+        # dropping the last reference to a tensor while the interpreter finalizes (the race
+        # pytorch/pytorch#179291 describes). The run is repeated once, whole; if it aborts again
+        # the message keeps both runs' output, with faulthandler's stacks of every thread.
+        first = r.stderr[-3000:]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+        assert r.returncode == 0, "aborted in teardown twice:\n" + first + "\n---\n" + r.stdout[-3000:] + r.stderr[-3000:]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
     a, b = ranks
@@ -42,3 +52,9 @@ def test_two_ranks_gloo(tmp_path):
     assert b["bottleneck"] == "dataset", b  # the slowed rank's own trace names its stage (32 ms of sleep a batch)
     assert "slowest rank 1" in r.stdout
     assert not processes_with(token), "processes left behind"
+
+
+def _teardown_abort(r, out) -> bool:
+    """Whether a rank died of std::terminate after both ranks had written their results."""
+    written = all((out / f"rank{i}.json").exists() for i in range(2))
+    return written and "terminate called without an active exception" in r.stderr and "SIGABRT" in r.stderr
