@@ -43,6 +43,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils import fetch as _tfetch
 
 from .. import _trace
+from . import follow
 from ..tuning import auto as plan, load, node, spikes
 from ..tuning.measure import batch_len
 from ..tuning.memory import private_mb
@@ -119,14 +120,17 @@ def resolve(arguments: dict[str, Any]) -> "AutoTuner | None":
     share = node.share()
     start = plan.start_choice(share.cores, limits, workers=None if tune_w else int(nw),
                               prefetch=None if tune_pf else limits.prefetch_value)
-    arguments["num_workers"] = start.workers
     arguments["prefetch_factor"] = start.prefetch_factor
     why = (f"nothing measured yet: min(2, this rank's {plan.cores_in_words(share.cores)})" if tune_w else
            f"num_workers {start.workers} is yours")
     if limits.min_workers and tune_w:
         why += "; never 0 workers: your worker_init_fn prepares each worker"
     tuned = " and ".join(n for n, on in (("num_workers", tune_w), ("prefetch_factor", tune_pf)) if on)
-    return AutoTuner(limits, start, f"{why}; {tuned} tuned at epoch boundaries within {plan.Budget.of(share).words}")
+    tuner = AutoTuner(limits, start, f"{why}; {tuned} tuned at epoch boundaries within {plan.Budget.of(share).words}")
+    # an int that carries the tuner: a loader re-created from this one's attributes goes on tuning
+    arguments["num_workers"] = follow.AutoWorkers(start.workers, tuner)
+    follow.install()
+    return tuner
 
 
 # ---- measuring --------------------------------------------------------------------------------
@@ -388,6 +392,7 @@ class AutoTuner:
         self._epoch = 0
         self._budget: tuple[float, plan.Budget] | None = None
         self.last: plan.EpochMeasure | None = None  # the latest epoch measured
+        self._loader: weakref.ref | None = None  # the loader measured: the auto one, or a copy of it
         self._reset()
 
     def _reset(self) -> None:
@@ -400,7 +405,7 @@ class AutoTuner:
 
     def __getstate__(self) -> dict[str, Any]:
         out = dict(self.__dict__)  # a pickled loader's tuner: the climb and its log, no live counters
-        for k in ("_clock", "_table", "_rows", "_snap", "_budget"):
+        for k in ("_clock", "_table", "_rows", "_snap", "_budget", "_loader"):
             out[k] = None
         out["decide"] = plan.decide if self.decide is plan.decide else self.decide
         return out
@@ -422,6 +427,12 @@ class AutoTuner:
     def begin_epoch(self, loader: Any) -> None:
         if not self.log:
             self.say(plan.Record(-1, "start", self.state.current, self.state.current, self._why))
+        if self._loader is None or self._loader() is not loader:
+            if self._loader is not None:  # a copy of the loader iterates now: its pool, its counters
+                logger.info("fastcollate auto: now measuring %s, a loader made from the auto loader's attributes "
+                            "(the epoch in flight is not judged)", type(loader).__qualname__)
+                self._reset()
+            self._loader = weakref.ref(loader)
         m = self.finish(loader)
         self.last = m if m is not None else self.last
         # a settled loader decides nothing more: its epochs are measured (``last``), not logged

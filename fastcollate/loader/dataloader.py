@@ -15,7 +15,7 @@ from torch.utils.data._utils.collate import default_convert
 
 from .. import _ext
 from ..core.collator import Collator, collate as _collate_fn
-from . import auto as _auto
+from . import auto as _auto, follow
 from .ring import ForeignRing, Ring, RingCollator
 
 logger = logging.getLogger("fastcollate")
@@ -158,6 +158,9 @@ class _RingLoader:
             why = "ring_max_bytes holds fewer than 2 slots" if self._ring is None else ""
         if self._ring_collator is not None:
             self._ring_collator.ring = self._ring
+            # a loader re-created from this one's attributes shares the collator: its auto mode
+            # resizes the ring with these (remake_ring)
+            self._ring_collator.ring_options = (slot_bytes, max_bytes, pin) if self._ring is not None else None
         self._ring_off = why
         if why and num_workers and why not in _said:
             _said.add(why)
@@ -209,6 +212,20 @@ def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | 
     return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
 
 
+def remake_ring(collate: Any, workers: int, prefetch_factor: int | None) -> None:
+    """The ring of a collator that a re-created loader shares with its auto loader, sized for the
+    auto mode's next setting (nothing where it has none, or it is another process's)."""
+    options = getattr(collate, "ring_options", None)
+    if not isinstance(collate, RingCollator) or options is None:
+        return
+    old = collate.ring
+    if not workers or not isinstance(old, Ring) or old.owner != os.getpid():
+        return  # with no workers the collator calls its inner in this process, ring or not
+    ring = _make_ring(workers, prefetch_factor, *options)
+    if ring is not None:
+        collate.ring = ring
+
+
 class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader``; ``collate_fn`` defaults to fastcollate's
     (and, with ``batch_size=None``, to torch's ``default_convert``, as torch does).
@@ -228,7 +245,9 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
 
     ``loader.collate_fn`` is a :class:`fastcollate.RingCollator` around what you passed
     (``.inner``): a complete collate_fn in any loader, so frameworks that re-create the loader
-    from its attributes keep the ring. Like torch's loader it keeps no iteration state (no
+    from its attributes keep the ring. They keep the auto mode too: its ``num_workers`` is an
+    int that carries the tuner (fastcollate.loader.follow), and the copy's ``auto_log`` is the
+    original's. Like torch's loader it keeps no iteration state (no
     ``state_dict``: calling it raises an AttributeError that names the alternative);
     :class:`fastcollate.StatefulDataLoader` resumes mid-epoch.
 
@@ -268,6 +287,8 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
                 auto = _auto.resolve(bound.arguments)
                 args, kwargs = bound.args[1:], bound.kwargs
             kwargs.update(ring_kw)
+        else:  # re-created from an auto loader's attributes (Lightning): its tuner goes on
+            auto = follow.tuner_of(args[5] if len(args) > 5 else kwargs.get("num_workers"))
         self._auto = auto
         super().__init__(*args, **kwargs)
 
@@ -280,15 +301,9 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
 
     def __iter__(self) -> Any:
         # a dataset whose randomness is drawn per epoch (fastcollate.images.ImageFolder) is told
-        # of each pass: it moves to the next epoch at every pass after its first, whichever
-        # loader makes it, unless the user sets its epochs
-        advance = getattr(self.dataset, "_loader_epoch", None)
-        if advance is not None:
-            advance()
-        auto = self.__dict__.get("_auto")
-        if auto is None:
-            return super().__iter__()
-        auto.begin_epoch(self)  # the last epoch judged, the next one's setting applied
+        # of each pass, whichever loader makes it; the auto mode judges the last epoch and
+        # applies the next one's setting
+        follow.begin_pass(self)
         return super().__iter__()
 
     def _get_iterator(self) -> Any:
@@ -300,12 +315,7 @@ class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):
     def _auto_apply(self, choice: Any) -> None:
         """The auto mode's next setting, at an epoch boundary: persistent workers shut down (the
         next epoch starts a pool of the new size), the ring remade for its slots."""
-        it = self.__dict__.get("_iterator")
-        if it is not None:
-            it._shutdown_workers()
-            self._iterator = None
-        self.num_workers = choice.workers
-        self.prefetch_factor = choice.prefetch_factor
+        follow.apply_choice(self, choice)
         collate = self.collate_fn
         self._settle_ring(self._auto_collation, choice.workers, choice.prefetch_factor, bool(self.pin_memory),
                           _ours(getattr(collate, "inner", collate)))

@@ -337,6 +337,8 @@ class RingCollator:
     True
     """
 
+    ring_options: tuple | None = None  # (slot_bytes, max_bytes, pin) of the loader that made the ring
+
     def __init__(self, inner: Any, ring: Ring | None) -> None:
         self.inner = inner
         self.ring = ring
