@@ -48,7 +48,8 @@ def test_a_torch_loader_made_from_the_attributes_goes_on_tuning(persistent):
     assert [r.after.workers for r in copy.auto_log if r.action == "change"] == [0, 3, 1]
     assert copy.auto_log is auto.auto_log  # one tuner, one log: on the copy and on the original
     assert copy.num_workers == 1 and copy.prefetch_factor == 2
-    assert copy.collate_fn.ring.slots == 1 * 2 + 5  # the shared ring resized for the new setting
+    if fastcollate.backend() == "cpp":
+        assert copy.collate_fn.ring.slots == 1 * 2 + 5  # the shared ring resized for the new setting
     if not persistent:  # a live pool does not pickle, in torch's loader either
         copy._auto.decide = plan.decide  # the scripted one is a local function: it does not pickle
         again = pickle.loads(pickle.dumps(copy))  # an adopted loader pickles as its own class, adopted again
@@ -132,3 +133,37 @@ def test_two_processes_settle_with_no_workers_on_an_in_memory_dataset(framework)
     spec.loader.exec_module(bench)
     got = bench.launch(framework, "memory", "auto", 3)
     assert got["workers"] == 0 and got["decisions"] >= 2 and len(got["rates"]) == 3, got
+
+
+class Counting(tud.DataLoader):
+    """A framework's loader whose own __iter__ calls torch's (LitData's, older accelerate's)."""
+
+    passes = 0
+
+    def __iter__(self):
+        Counting.passes += 1
+        return super().__iter__()
+
+
+def test_a_subclass_with_its_own_iter_runs_it_once_a_pass_and_its_copies_made_by_type_are_tuned_too():
+    auto = fastcollate.DataLoader(Squares(), batch_size=8, num_workers="auto")
+    auto._auto.decide = scripted(plan.Choice(0), plan.Choice(1, 2))
+    copy = copy_of(auto, cls=Counting)
+    want = epochs(fastcollate.DataLoader(Squares(), batch_size=8, num_workers=0), 3)
+    same_epochs(want, epochs(copy, 3))
+    assert Counting.passes == 3 and copy.num_workers == 1 and isinstance(copy, Counting)
+    # Lightning's _update_dataloader calls type(loader)(...): an instance of the adopted class
+    again = copy_of(copy, cls=type(copy))
+    assert type(again) is type(copy)
+    same_epochs(want[:2], epochs(again, 2))
+    assert again.auto_log is auto.auto_log and Counting.passes == 5
+
+
+def test_persistent_workers_read_false_while_the_tuner_runs_none_so_a_framework_can_re_create_it():
+    auto = fastcollate.DataLoader(Squares(), batch_size=8, num_workers="auto", persistent_workers=True)
+    auto._auto.decide = scripted(plan.Choice(0), plan.Choice(2, 2))
+    epochs(auto, 2)
+    assert auto.num_workers == 0 and auto.persistent_workers is False
+    copy = copy_of(auto)  # torch would refuse persistent_workers=True with num_workers=0
+    epochs(copy, 2)  # the copy's first epoch takes over (not judged), its second applies (2, 2)
+    assert copy.num_workers == 2 and copy.persistent_workers is True

@@ -520,7 +520,8 @@ class AutoTuner:
         the first pool, the base seed from a private generator (see the module's docstring)."""
         workers = loader.num_workers
         self._iterators += 1
-        private = bool(loader.persistent_workers) and self._iterators > 1 and self._seed is not None
+        # the user's persistent_workers (the attribute reads False while no workers run: follow.apply_choice)
+        private = self.state.limits.persistent and self._iterators > 1 and self._seed is not None
         generator, init = loader.generator, loader.worker_init_fn
         table = None
         if private:

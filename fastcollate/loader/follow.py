@@ -14,8 +14,8 @@ What it reaches goes on tuning:
   ``fastcollate.DataLoader`` does.
 
 One tuner per auto loader, shared by its copies: it measures the loader that iterates, and an
-epoch of another copy restarts its measuring (logged once per copy). Another process gets a
-plain int (pickling drops the tuner).
+epoch of another copy restarts its measuring (logged once per copy). ``num_workers`` pickled on
+its own (a worker's arguments) is a plain int; a loader pickled whole keeps its tuner.
 """
 from __future__ import annotations
 
@@ -66,66 +66,89 @@ def apply_choice(loader: Any, choice: Any) -> None:
     if it is not None:
         it._shutdown_workers()
         loader._iterator = None
-    loader.num_workers = AutoWorkers(choice.workers, loader.__dict__["_auto"])
+    tuner = loader.__dict__["_auto"]
+    loader.num_workers = AutoWorkers(choice.workers, tuner)
     loader.prefetch_factor = choice.prefetch_factor
+    # torch refuses persistent_workers=True with no workers when a framework re-creates the loader
+    # from its attributes: the user's wish is kept in the tuner, the attribute follows the workers
+    # (torch's __setattr__ refuses it after __init__, so it is written in place)
+    loader.__dict__["persistent_workers"] = bool(tuner.state.limits.persistent and choice.workers)
 
 
-def _iter(self: Any) -> Any:
-    begin_pass(self)
-    return super(type(self), self).__iter__()
-
-
-def _get_iterator(self: Any) -> Any:
-    return self.__dict__["_auto"].make_iterator(self, super(type(self), self)._get_iterator)
-
-
-def _auto_apply(self: Any, choice: Any) -> None:
-    apply_choice(self, choice)
-    from .dataloader import remake_ring  # the ring is dataloader.py's
-
-    remake_ring(self.collate_fn, choice.workers, choice.prefetch_factor)
-
-
-def _auto_log(self: Any) -> list[Any]:
-    """Every decision of the auto mode this loader inherited (see fastcollate.DataLoader)."""
-    return self.__dict__["_auto"].log
+def _tuner(loader: Any) -> Any:
+    """The loader's tuner, taken from its num_workers the first time (an instance made directly
+    from an adopted class, as Lightning's ``type(loader)(...)`` makes one, has none yet)."""
+    d = loader.__dict__
+    if "_auto" not in d:
+        d["_auto"] = tuner_of(d.get("num_workers"))
+    return d["_auto"]
 
 
 def _reduce_ex(self: Any, protocol: int) -> tuple:
     # pickled (or deep-copied) as the class it was made as, adopted again when rebuilt: the made
     # class cannot be found by name
-    return (_rebuild, (type(self).__bases__[0], dict(self.__dict__)))
+    return (_rebuild, (_BASE[type(self)], self.__getstate__()))
 
 
-def _rebuild(cls: type, state: dict) -> Any:
+def _rebuild(cls: type, state: Any) -> Any:
     loader = cls.__new__(cls)
-    loader.__dict__.update(state)
-    if state.get("_auto") is not None:
+    if hasattr(loader, "__setstate__"):
+        loader.__setstate__(state)
+    else:
+        loader.__dict__.update(state)
+    if isinstance(state, dict) and state.get("_auto") is not None:
         loader.__class__ = _followed_class(cls)
     return loader
 
 
-_FOLLOWED: dict[type, type] = {}
+_FOLLOWED: dict[type, type] = {}  # a loader class -> its adopted class
+_BASE: dict[type, type] = {}  # and back
 
 
 def _followed_class(cls: type) -> type:
     """``cls`` with the auto mode's hooks: a direct subclass with no base of its own, so that an
     instance of ``cls`` can take it as its class (a mixin base would change the layout)."""
+    cls = _BASE.get(cls, cls)
     made = _FOLLOWED.get(cls)
-    if made is None:
-        namespace = {"__iter__": _iter, "_get_iterator": _get_iterator, "_auto_apply": _auto_apply,
-                     "auto_log": property(_auto_log), "__reduce_ex__": _reduce_ex, "__module__": cls.__module__, "__doc__": cls.__doc__}
-        made = type(cls.__name__, (cls,), namespace)
-        made.__qualname__ = cls.__qualname__
-        _FOLLOWED[cls] = made
+    if made is not None:
+        return made
+
+    def __iter__(self: Any) -> Any:
+        if _tuner(self) is not None:
+            begin_pass(self)
+        return super(made, self).__iter__()
+
+    def _get_iterator(self: Any) -> Any:
+        tuner = _tuner(self)
+        if tuner is None:
+            return super(made, self)._get_iterator()
+        return tuner.make_iterator(self, super(made, self)._get_iterator)
+
+    def _auto_apply(self: Any, choice: Any) -> None:
+        apply_choice(self, choice)
+        from .dataloader import remake_ring  # the ring is dataloader.py's
+
+        remake_ring(self.collate_fn, choice.workers, choice.prefetch_factor)
+
+    def auto_log(self: Any) -> list[Any]:
+        """Every decision of the auto mode this loader inherited (see fastcollate.DataLoader)."""
+        tuner = _tuner(self)
+        return tuner.log if tuner is not None else []
+
+    namespace = {"__iter__": __iter__, "_get_iterator": _get_iterator, "_auto_apply": _auto_apply,
+                 "auto_log": property(auto_log), "__reduce_ex__": _reduce_ex, "__module__": cls.__module__,
+                 "__doc__": cls.__doc__}
+    made = type(cls.__name__, (cls,), namespace)
+    made.__qualname__ = cls.__qualname__
+    _FOLLOWED[cls], _BASE[made] = made, cls
     return made
 
 
 def adopt(loader: Any) -> Any:
     """A loader of another class whose ``num_workers`` carries a tuner: from now on tuned."""
-    tuner = tuner_of(loader.__dict__.get("num_workers"))
-    loader.__class__ = _followed_class(type(loader))
-    loader.__dict__["_auto"] = tuner
+    if type(loader) not in _BASE:
+        loader.__class__ = _followed_class(type(loader))
+    _tuner(loader)
     return loader
 
 
@@ -146,7 +169,9 @@ def install() -> None:
         if "_auto" not in d and type(d.get("num_workers")) is AutoWorkers:
             logger.info("fastcollate auto: %s.%s, made from an auto loader's attributes, is tuned from now on "
                         "(its decisions: loader.auto_log)", type(self).__module__, type(self).__qualname__)
-            return adopt(self).__iter__()
+            # adopted, then this pass goes on as it came (a subclass's own __iter__ that called
+            # super() is not run twice): the next passes take the adopted class's __iter__
+            begin_pass(adopt(self))
         return original(self)
 
     tud.DataLoader.__iter__ = __iter__
