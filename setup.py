@@ -170,6 +170,23 @@ say(f"JPEG decode {'compiled (libjpeg-turbo)' if JPEG else 'not compiled: images
 opt = ["-O0", "-g"] if DEBUG else ["-O3"]
 cxx_flags = opt + ([] if DEBUG else ["-g0"]) + ["-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
 define_macros = [("FASTCOLLATE_WITH_CUDA", "1" if WITH_CUDA else "0"), ("FASTCOLLATE_WITH_JPEG", "1" if JPEG else "0")]
+
+
+def _numpy_include() -> list[str]:
+    """numpy's headers, where numpy is installed at build time: numpy leaves and scalars are then
+    read from their structs (a few loads) instead of the buffer protocol. Only the header-only
+    parts are used (no C-API table), so a module built against numpy 2 reads numpy 1 arrays too."""
+    try:
+        import numpy
+    except ImportError:
+        say("numpy leaves: the buffer protocol (numpy is not installed at build time)")
+        return []
+    say(f"numpy leaves: read from numpy {numpy.__version__}'s structs")
+    return [numpy.get_include()]
+
+
+NUMPY_INCLUDE = _numpy_include()
+define_macros.append(("FASTCOLLATE_NUMPY_HEADERS", "1" if NUMPY_INCLUDE else "0"))
 # $ORIGIN first: a wheel carries the libjpeg it was built with beside the module (see
 # bundle_jpeg); an editable or in-place build has none there and finds the system's
 jpeg_kw = {} if not JPEG else {"libraries": ["jpeg"], "library_dirs": JPEG[1],
@@ -196,7 +213,7 @@ if WITH_CUDA:
     ext = CUDAExtension(
         "fastcollate._C",
         CPP_SOURCES + CUDA_CPP_SOURCES + CU_SOURCES,
-        include_dirs=[os.path.join(HERE, "csrc")] + (JPEG[0] if JPEG else []),
+        include_dirs=[os.path.join(HERE, "csrc")] + (JPEG[0] if JPEG else []) + NUMPY_INCLUDE,
         define_macros=define_macros,
         extra_compile_args={"cxx": cxx_flags, "nvcc": opt + ["--expt-relaxed-constexpr"]},
         **jpeg_kw,
@@ -205,7 +222,7 @@ else:
     ext = CppExtension(
         "fastcollate._C",
         CPP_SOURCES,
-        include_dirs=[os.path.join(HERE, "csrc")] + (JPEG[0] if JPEG else []),
+        include_dirs=[os.path.join(HERE, "csrc")] + (JPEG[0] if JPEG else []) + NUMPY_INCLUDE,
         define_macros=define_macros,
         extra_compile_args={"cxx": cxx_flags},
         **jpeg_kw,

@@ -33,7 +33,7 @@ def test_uniform_columns(dtype):
 
 
 @pytest.mark.parametrize("odd", ["float64", "byteswapped", "shape", "strided", "fortran", "memmap_rows", "tensor",
-                                 "list", "zero_d", "empty"])
+                                 "list", "zero_d", "empty", "same_dtype_other_object", "subclass", "int32_same_size"])
 def test_a_later_sample_leaves_the_common_case(odd, tmp_path):
     arrs = base()
     a = arrs[3]
@@ -48,6 +48,10 @@ def test_a_later_sample_leaves_the_common_case(odd, tmp_path):
         "list": a.tolist(),
         "zero_d": np.float32(1.0),
         "empty": np.zeros((0, 4), np.float32),
+        # equal to sample 0's dtype, but another descriptor object: the struct check defers to the buffer's
+        "same_dtype_other_object": a.astype(np.dtype("f4", metadata={"unit": "m"})),
+        "subclass": a.view(Tagged),
+        "int32_same_size": a.view(np.int32),  # same itemsize and shape, another dtype
     }[odd]
     if odd == "memmap_rows":
         path = tmp_path / "m.bin"
@@ -55,6 +59,30 @@ def test_a_later_sample_leaves_the_common_case(odd, tmp_path):
         mm = np.memmap(path, dtype=np.float32, mode="r", shape=(6, 3, 4))
         arrs = [mm[i] for i in range(6)]
     same_or_same_error(arrs)
+
+
+class Tagged(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["bool_", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
+                                  "complex64", "complex128"])
+def test_scalar_columns_of_every_numeric_type(kind):
+    t = getattr(np, kind)
+    values = [t(v) for v in (0, 1, 3, 7, 1, 0)] if kind != "bool_" else [np.bool_(v) for v in (0, 1, 1, 0)]
+    same_or_same_error(values)
+    same_or_same_error([(np.zeros(2, np.float32), v) for v in values])
+    if kind == "float32":
+        same_or_same_error([np.float32(1.5), np.float64(2.5)])  # mixed: torch.as_tensor promotes
+
+
+def test_the_compiled_engine_reads_numpy_structs_in_ci():
+    from fastcollate import _ext
+    import os
+
+    if not os.environ.get("CI") or _ext._C is None:
+        pytest.skip("CI's build has numpy at build time; a local build may not")
+    assert _ext._C.numpy_structs(), "built without numpy's headers: numpy leaves go through the buffer protocol"
 
 
 def test_views_and_read_only_arrays():

@@ -10,6 +10,7 @@
 #include "python/nogil.h"
 #include "engine/arena_pool.h"
 #include "engine/gather_rows.h"
+#include "python/leaves.h"
 #include "python/pad.h"
 #include "python/plan.h"
 
@@ -89,6 +90,8 @@ void reset_counters() {
 }  // namespace
 
 void register_collate(pybind11::module_& m) {
+  m.def("numpy_structs", &numpy_structs,
+        "Whether numpy leaves are read from numpy's structs (the module was built with numpy's headers).");
   m.def("collate", &collate, py::arg("batch"), py::arg("alloc_fn"), py::arg("num_threads"), py::arg("defer_fn"),
         py::arg("pad") = py::none(), py::arg("in_main") = true);
   m.def("stats", &stats);

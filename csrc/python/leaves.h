@@ -38,9 +38,16 @@ int numpy_to_tensor(PyObject* obj, at::Tensor* out);
 // The buffer-protocol format string of an ndarray (false: it exports no buffer).
 bool numpy_format(PyObject* obj, std::string* format);
 
-// An ndarray's bytes read straight from its buffer (no tensor made) when it is laid out as
-// sample 0's tensor t0 (same buffer format, shape, C order); nullptr otherwise.
-const uint8_t* numpy_like(PyObject* obj, const std::string& format0, const at::Tensor& t0);
+// An ndarray's bytes read straight from its memory (no tensor made) when it is laid out as
+// sample 0 (`first`, whose tensor is t0: same dtype, shape, C order); nullptr otherwise.
+const uint8_t* numpy_like(PyObject* obj, PyObject* first, const std::string& format0, const at::Tensor& t0);
+
+// The value of a numpy scalar of a built-in numeric type (exact type), `item` bytes, into out.
+void numpy_scalar_bytes(PyObject* scalar, uint8_t* out, size_t item);
+
+// Whether numpy leaves are read from numpy's structs (built with its headers) or through the
+// buffer protocol.
+bool numpy_structs();
 
 // A sample tensor's first `rows` rows, copied to dst_offset (memcpy piece, or a conversion for
 // strided / conjugated sources). keep: hold a reference for the GIL-free copy.

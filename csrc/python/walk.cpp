@@ -303,7 +303,7 @@ class Walker {
     std::vector<const uint8_t*> srcs(B);
     srcs[0] = static_cast<const uint8_t*>(t0.const_data_ptr());
     for (size_t i = 1; i < B; ++i) {
-      srcs[i] = numpy_like(samples[i], format0, t0);
+      srcs[i] = numpy_like(samples[i], samples[0], format0, t0);
       if (srcs[i] == nullptr) return false;
     }
     const size_t offset = plan_.reserve(per * B);
@@ -352,12 +352,7 @@ class Walker {
     const size_t item = c10::elementSize(it->second);
     uint8_t* out = scalar_leaf(node, it->second, samples.size());
     for (PyObject* s : samples) {
-      Py_buffer view;
-      if (PyObject_GetBuffer(s, &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-      const bool ok = static_cast<size_t>(view.len) == item;
-      if (ok) std::memcpy(out, view.buf, item);
-      PyBuffer_Release(&view);
-      if (!ok) throw std::runtime_error("fastcollate: numpy scalar buffer of unexpected size");
+      numpy_scalar_bytes(s, out, item);
       out += item;
     }
   }
