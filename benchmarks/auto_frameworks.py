@@ -20,7 +20,9 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
+from typing import Sequence
 
 import torch
 import torch.utils.data as tud
@@ -28,6 +30,7 @@ import torch.utils.data as tud
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SETTINGS = ["auto", 0, 2, 8]
+ACCEPT = 0.8  # of the best fixed setting's samples/s: the acceptance the page states
 FRAMEWORKS = ["plain", "accelerate", "lightning", "lightning-ddp", "accelerate-2"]
 
 
@@ -182,21 +185,48 @@ def tail_rate(rates: list[float]) -> float:
     return statistics.median(rates[3:6] if len(rates) >= 6 else rates[-3:])
 
 
-def markdown(rows: list[tuple], epochs: int, load0: float, load1: float) -> str:
+def markdown(rows: list[tuple], epochs: int, load0: float, load1: float, printed: Sequence[str] = ()) -> str:
+    """The page: its header, the table, what the rows say and ``printed``, the rows as main printed them."""
     lines = ["# num_workers=\"auto\" inside the frameworks", "",
-             "Written by `benchmarks/auto_frameworks.py` ([one node, many ranks](../node.md) says how the auto "
-             "mode follows a re-created loader).", "",
+             "Written by `benchmarks/auto_frameworks.py`. [One node, many ranks](../node.md) says how the auto",
+             "mode follows a re-created loader.", "",
              f"Made by `python benchmarks/auto_frameworks.py --epochs {epochs} --markdown "
-             f"docs/benchmarks/auto_frameworks.md` on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores, "
-             f"torch {torch.__version__}; load average {load0:.2f} at the start, {load1:.2f} at the end.", "",
-             "Each cell is the median samples/s of epochs 4-6 of one fresh run (rank 0's in a 2-process run). "
-             "*best fixed*: the best of 0, 2 and 8 workers, each run through the same framework path. "
-             "*memory*: in-memory samples (no workers is best). *wait*: each sample waits 3 ms (many "
-             "workers are best). The acceptance is 80% of the best fixed.", "",
+             "docs/benchmarks/auto_frameworks.md`",
+             f"on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores, torch {torch.__version__}. Load average "
+             f"{load0:.2f} at the start, {load1:.2f} at the end.", "",
+             "Each cell is the median samples/s of epochs 4-6 of one fresh run. In a 2-process run it is rank",
+             "0's. The columns and pipelines:", "",
+             "- *best fixed*: the best of 0, 2 and 8 workers, each run through the same framework path.",
+             "- *memory*: in-memory samples. No workers is best.",
+             "- *wait*: each sample waits 3 ms. Many workers are best.", "",
+             f"The acceptance is {ACCEPT:.0%} of the best fixed.", "",
              "| framework | pipeline | auto | workers at the end | best fixed (workers) | auto / best |",
              "|---|---|---|---|---|---|"]
     for fw, pl_, auto, w, _n, best, rate in rows:
         lines.append(f"| {fw} | {pl_} | {auto:,.0f}/s | {w} | {rate:,.0f}/s ({best}) | {auto / rate:.0%} |")
+    if rows:
+        failed = [f"{fw} {pl_}" for fw, pl_, auto, _w, _n, _b, rate in rows if auto / rate < ACCEPT]
+        said = ["Every row passes." if not failed else
+                f"{len(failed)} of {len(rows)} rows fail the acceptance: {', '.join(failed)}.",
+                "The auto loader starts at 2 workers. It moves after its first epoch and settles after its second."]
+        # where the rows settled, said only where it is what this run's rows show
+        memory = {w for _fw, pl_, _a, w, *_ in rows if pl_ == "memory"}
+        wait = {fw: w for fw, pl_, _a, w, *_ in rows if pl_ == "wait"}
+        wait_as_said = all(w == (4 if fw == "lightning-ddp" else 8) for fw, w in wait.items())
+        if memory == {0}:
+            said.append("It settles on no workers for the in-memory pipeline.")
+        if wait and wait_as_said:
+            said.append("For the waiting one it settles on 8 workers" + (", or on 4 under DDP, where two ranks share the "
+                        f"{os.cpu_count()} cores" if "lightning-ddp" in wait else "") + ".")
+        if memory - {0} or not wait_as_said:
+            said.append("The *workers at the end* column says where each row settled.")
+        lines += ["", *textwrap.wrap(" ".join(said), 94)]
+    if any(fw in ("lightning-ddp", "accelerate", "accelerate-2") for fw, *_ in rows):
+        lines += ["", "Lightning under DDP re-creates the loader with a DistributedSampler. accelerate builds torch's",
+                  "DataLoader from the attributes. tests/test_auto_follow.py checks that the batches equal a fixed",
+                  "loader's."]
+    if printed:
+        lines += ["", "Raw rows, as the script printed them:", "", "```text", *printed, "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -215,7 +245,7 @@ def main() -> int:
             print("RESULT " + json.dumps(out), flush=True)
         return 0
     load0 = os.getloadavg()[0]
-    rows = []
+    rows, printed = [], []
     for framework in args.frameworks.split(","):
         for pipeline in args.pipelines.split(","):
             got = {s: launch(framework, pipeline, s, args.epochs) for s in SETTINGS}
@@ -224,13 +254,14 @@ def main() -> int:
             auto = tail_rate(got["auto"]["rates"])
             row = (framework, pipeline, auto, got["auto"]["workers"], got["auto"]["decisions"], best, fixed[best])
             rows.append(row)
-            print(f"{framework:13s} {pipeline:7s} auto {auto:9,.0f}/s (settled on {row[3]} workers, "
-                  f"{row[4]} records)  best fixed: {best} workers {fixed[best]:9,.0f}/s  -> {auto / fixed[best]:.0%}  "
-                  f"[fixed: {', '.join(f'{s}: {v:,.0f}' for s, v in fixed.items())}]", flush=True)
+            printed.append(f"{framework:13s} {pipeline:7s} auto {auto:9,.0f}/s (settled on {row[3]} workers, "
+                           f"{row[4]} records)  best fixed: {best} workers {fixed[best]:9,.0f}/s  -> "
+                           f"{auto / fixed[best]:.0%}  [fixed: {', '.join(f'{s}: {v:,.0f}' for s, v in fixed.items())}]")
+            print(printed[-1], flush=True)
     load1 = os.getloadavg()[0]
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(rows, args.epochs, load0, load1))
+            f.write(markdown(rows, args.epochs, load0, load1, printed))
     return 0
 
 

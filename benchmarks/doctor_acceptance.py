@@ -100,6 +100,10 @@ GRID = [
     ("compute-bound step", lambda: (dd.Cheap(n=256), 32), dict(epochs=1, step=dd.compute_step(0.05), num_workers=0)),
     ("I/O: 3 ms wait a sample", lambda: (dd.Sleepy(n=512, wait=3e-3), 16),
      dict(epochs=1, workers=(0, 1, 2, 4, 8), num_workers=2)),
+    ("transfer-bound: large batches of small images", lambda: (dd.SmallImages(n=8192, per_sample=20e-6), 512),
+     dict(epochs=2, num_workers=2)),
+    ("re-spawned workers, CPU-bound fetch", lambda: (dd.Parsed(n=4096), 32),
+     dict(epochs=3, num_workers=1, multiprocessing_context="spawn", persistent_workers=False)),
 ]
 
 

@@ -308,32 +308,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += simulate(args.n, nodes, per_node, args.budgets, args.epochs, args.seed, schemes)
     command = "python benchmarks/node_cache_sim.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     today = datetime.date.today().isoformat()
+    # tests/test_node_cache_sim.py reads the torch version, n, seed and epochs back from this sentence
     out = ["# Beyond one node: the simulation's tables", "",
-           "Written by `benchmarks/node_cache_sim.py`: computed, not measured ([one node, many ranks](../node.md) "
-           "says what they mean).", "",
-           f"Made by `{command.strip()}` on {today} with torch {torch.__version__}: a dataset of {args.n} "
-           f"equal-sized samples, seed {args.seed}, {args.epochs} epochs.", "",
+           "Written by `benchmarks/node_cache_sim.py`. These tables are computed, not measured.",
+           "[One node, many ranks](../node.md) says what they mean.", "",
+           f"Made by `{command.strip()}` on",
+           f"{today} with torch {torch.__version__}. The simulation uses a dataset of {args.n} equal-sized samples,",
+           f"seed {args.seed}, {args.epochs} epochs.", "",
            "## Cache hit rate and memory per node", "",
-           "Hit rate of every fetch in each epoch (e0 fills); *ranks*: the lowest and highest rank's hit "
-           "rate in the last epoch; *held*: the most any node's cache(s) hold after the epoch, in "
-           "datasets (private caches: their sum); *remote*: the share of the store's hits another node "
-           "served. Caches: " + "; ".join(f"*{s}*: {SCHEME_WORDS[s]}" for s in schemes) + ".", ""]
+           "Each *hit* cell is the hit rate of every fetch in one epoch; e0 fills the cache. The other",
+           "columns:", "",
+           "- *ranks*: the lowest and the highest rank's hit rate in the last epoch.",
+           "- *held*: the most any node's cache(s) hold after the epoch, in datasets. For private caches,",
+           "  it is their sum.",
+           "- *remote*: the share of the store's hits that another node served.", "",
+           "The caches:", ""]
+    out += [f"- *{s}*: {SCHEME_WORDS[s]}." for s in schemes] + [""]
     out += cache_table(rows)
     if not args.no_stats:
         print("batch statistics ...", file=sys.stderr, flush=True)
         stats = [batch_stats(args.n, m, k, args.batch_size, args.stats_epochs, seed=args.seed)
                  for m in args.nodes if m > 1 for k in args.per_node]
         if stats:
-            out += ["", "## The samplers' batches", "", f"The samplers' batches over {args.stats_epochs} epochs of a class-sorted dataset "
-                    f"(10 classes, label = class, as an ImageFolder; per-rank batch {args.batch_size}). *var*: "
-                    "the variance over steps of the global batch's mean label, measured; *theory*: its closed "
-                    "form, a simple random sample without replacement (DS) and a sample stratified over the "
-                    "sampler's partition (affine, seed's partition); *node off*: the RMS difference between one "
-                    "node's mean label and the dataset's (4.5) -- in one epoch (closed form, either sampler); over "
-                    "all the epochs, closed form (measured): under DS each epoch a fresh random 1/M, so it shrinks "
-                    "as 1/sqrt(epochs) (measured over the M nodes of the run), under the affine sampler always the "
-                    "node's part (measured over 20 partition seeds); *seen*: the share of the dataset one node has "
-                    "seen by the end.", ""]
+            out += ["", "## The samplers' batches", "",
+                    f"The samplers' batches over {args.stats_epochs} epochs of a class-sorted dataset: 10 classes, "
+                    "label = class, as",
+                    f"an ImageFolder. The per-rank batch is {args.batch_size}. *DS* is DistributedSampler. "
+                    "The columns:", "",
+                    "- *var*: the variance over steps of the global batch's mean label, measured.",
+                    "- *theory*: its closed form. For DS, that of a simple random sample without replacement. For",
+                    "  affine, that of a sample stratified over the sampler's partition (seed's partition).",
+                    "- *node off*: the RMS difference between one node's mean label and the dataset's (4.5).",
+                    "  - *1 epoch*: the closed form, the same for either sampler.",
+                    f"  - *{args.stats_epochs} epochs*: the closed form, with the measured figure in brackets. "
+                    "Under DS, each epoch",
+                    "    gives a node a fresh random 1/M, so the difference shrinks as 1/sqrt(epochs). It is measured",
+                    "    over the M nodes of the run. Under the affine sampler, a node always gets its own part. It",
+                    "    is measured over 20 partition seeds.",
+                    "- *seen*: the share of the dataset one node has seen by the end.", ""]
             out += stats_table(stats, args.stats_epochs)
     text = "\n".join(out) + "\n"
     print(text)

@@ -6,12 +6,13 @@
 """
 import sys as _sys
 
-from . import _compat, _trace
+from . import _compat
+from .core import trace as _trace  # noqa: F401  (loaded with the package, as before: hooks read it at import)
 from ._ext import backend, cuda_kernels_built
 from . import transforms
 from .core import reference
 from .data.arrays import ArrayDataset, Gathered, Ragged, TokenWindows
-from .data.cache import Cached
+from .cache.cached import Cached
 from .core.collator import Collator, collate, reset_stats, set_pool_limit, stats, trim_pool
 from .loader.dataloader import DataLoader, with_ring
 from .training.monitor import StallMonitor
@@ -21,8 +22,10 @@ from .loader.release import release_after
 from .data.sampler import LengthGroupedSampler, padding_fraction
 from .data.node_sampler import NodeAffineSampler
 from .training.loop import EpochStats, train_one_epoch
-from .training.tune import TuneResult, tune_loader
-from .training.doctor import Diagnosis, doctor
+from .doctor import Diagnosis, TuneResult, tune_loader
+from . import doctor  # the package, callable: fastcollate.doctor(dataset, ...) runs the doctor
+
+doctor.doctor  # noqa: B018  (the function bound in its package, as dir() and autodoc expect)
 
 __version__ = "0.1.0"
 

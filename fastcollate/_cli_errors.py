@@ -9,7 +9,7 @@ import tempfile
 import traceback
 from typing import Any
 
-from ._trace import INDEX_NOTE, dataset_index
+from .core.trace import INDEX_NOTE, dataset_index
 
 
 def one_line(exc: BaseException) -> str:

@@ -113,22 +113,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _progress(f"wrote {args.markdown}")
     pad_rows = run.table(lambda: bench.run_pad(rounds=rounds, min_time=min_time, progress=_progress))
     run.show("Padding", "padding collate (Collator(pad=...)) vs the usual as_tensor + pad_sequence + mask:",
-             bench.format_pad_table(pad_rows), pad_rows, rounds, args.markdown)
+             bench.format_pad_table(pad_rows), pad_rows, rounds, args.markdown,
+             "The padding collate, `Collator(pad=...)`, against the usual as_tensor + pad_sequence + mask.")
     loader_rows = run.table(lambda: bench.run_loaders(rounds=heavy, progress=_progress))
     run.show("Loaders", f"DataLoader with 2 workers: torch's vs fastcollate.DataLoader's worker ring (samples/s, "
              f"medians of {heavy} interleaved epochs):", bench.format_loader_table(loader_rows), loader_rows, heavy,
-             args.markdown)
+             args.markdown, "A DataLoader with 2 workers: torch's against fastcollate.DataLoader's worker ring. "
+             f"Samples/s,\nmedians of {heavy} interleaved epochs.")
     _progress("[loader] a new loader's first two epochs, torch's vs fastcollate's")
     startup = run.table(lambda: [bench.measure_startup(rounds=heavy, batches=4 if args.quick else 12)])[0]
     run.show("A new loader", "a NEW loader, first epoch (workers started, ring made and first faulted inside the "
              "timing), then its second (persistent_workers=False: new workers again):",
-             bench.format_startup(startup), [startup], heavy, args.markdown)
+             bench.format_startup(startup), [startup], heavy, args.markdown,
+             "A NEW loader: its first epoch, then its second. The first epoch's timing includes the workers'\n"
+             "start, the ring's creation and its first page faults. With persistent_workers=False, the second\n"
+             "epoch starts new workers again.")
     from ._bench import storage as storage_bench
 
     storage_rows = run.table(lambda: storage_bench.run_storage(quick=args.quick, progress=_progress, rounds=heavy))
     run.show("Storage", "batches from storage (ArrayDataset / TokenWindows / from_hf) vs what people write today, "
              "through a DataLoader (samples/s):", storage_bench.format_storage_table(storage_rows), storage_rows,
-             heavy, args.markdown)
+             heavy, args.markdown, "Batches from storage (ArrayDataset, TokenWindows, from_hf) against what people "
+             "write today,\nthrough a DataLoader. Samples/s.")
     train_rows: list[dict[str, Any]] = []
     if not args.no_train:
         n = 256 if args.quick else 2048
@@ -193,15 +199,17 @@ class _BenchRun:
                                         self.noise.advice(self.quick))
 
     def show(self, title: str, intro: str, table: str, rows: list[dict[str, Any]], rounds: int,
-             markdown_path: str | None) -> None:
-        """Print a table with its noise lines -- and, with --markdown, add it to that file."""
+             markdown_path: str | None, page_intro: str | None = None) -> None:
+        """Print a table with its noise lines -- and, with --markdown, add it to that file, under
+        ``page_intro`` (the page's words for ``intro``) where given."""
         print("\n" + intro)
         print(table)
         self.warn(rows, rounds)
         if markdown_path:
             from ._bench import markdown
 
-            markdown.append_table(markdown_path, title, intro, table, self._warnings(rows, rounds), self.loads[-1])
+            markdown.append_table(markdown_path, title, page_intro or intro, table, self._warnings(rows, rounds),
+                                  self.loads[-1])
 
     def finish(self) -> None:
         self.end = self.noise.load_now()
@@ -336,12 +344,12 @@ def _need_module(name: str, why: str, extra: str) -> None:
 
 def _dataset_needs(spec: str) -> None:
     """Optional packages a dataset of ours needs, checked before anything runs."""
-    if spec.split(":", 1)[0] == "fastcollate._bench.images":
+    if spec.split(":", 1)[0] == "fastcollate._bench.image_bench":
         _need_module("PIL", "the image-folder workload", "pillow")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .training.tune import tune_loader
+    from .doctor.tune import tune_loader
 
     if args.batch_size < 1:
         raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -389,7 +397,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
     from . import _ext
-    from ._bench import doctor as env, train_run as e2e
+    from ._bench import train_run as e2e
+    from ._bench import shm_report as env
 
     if args.batch_size < 1:
         raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -431,10 +440,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for k, v in checks:
         print(f"  {k:<{width}}  {v}")
     if args.dataset:
-        from .training.doctor import doctor
-        from .training.doctor_text import format_diagnosis
+        from .doctor.diagnose import doctor
+        from .doctor.text import format_diagnosis
 
-        from .training.doctor import LoaderArgumentsError
+        from .doctor.diagnose import LoaderArgumentsError
 
         ds = args.loaded_dataset = _load_dataset(args.dataset)
         try:

@@ -1,6 +1,7 @@
 """Misconfigured pipelines for the doctor's tests (test_doctor.py), importable by spawned
 DataLoader workers: each has one lever that fixes it. Costs are CPU work, not sleeps (a sleep
 parallelizes past the cores), except where the point is waiting."""
+import os
 import time
 
 import numpy as np
@@ -272,6 +273,48 @@ class Sleepy(Dataset):
         return {"x": torch.full((8,), float(i)), "y": i}
 
 
+class SmallImages(Dataset):
+    """Made once, fetched for ``per_sample`` seconds of CPU (a lookup, a light augmentation):
+    small float images in large batches, so that moving a batch from a worker to the main process
+    (shared memory, a pickled handle, the main's rebuild) is much of what a worker-fed loop costs."""
+
+    def __init__(self, n=8192, shape=(3, 32, 32), per_sample=0.0):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.rand((n, *shape), generator=g)
+        self.per_sample = per_sample
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.per_sample:
+            spin(self.per_sample)
+        return {"x": self.x[i].clone(), "y": i}
+
+
+class Parsed(Dataset):
+    """Each sample parsed in Python for ``per_sample`` seconds of CPU, then a small image: workers
+    help (run with a spawn context, not persistent, the loader re-spawns them each epoch)."""
+
+    def __init__(self, n=1024, per_sample=250e-6, shape=(3, 16, 16)):
+        self.n, self.per_sample, self.shape = n, per_sample, shape
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        spin(self.per_sample)
+        return {"x": torch.full(self.shape, float(i % 251)), "y": i}
+
+
+def log_start(_worker_id):
+    """A worker_init_fn that appends the worker's start time (a clock all processes share) to the
+    file named by FASTCOLLATE_TEST_STARTS."""
+    import time
+    with open(os.environ["FASTCOLLATE_TEST_STARTS"], "a") as f:
+        f.write(f"{time.monotonic()}\n")
+
+
 __all__ = ["SlowGetitem", "Expensive", "Cheap", "RareSlow", "ManyFields", "PythonObjects", "compute_step", "light_step",
            "Flip", "EpochDependent", "WorkerSeeded", "seed_worker", "Minority", "ReadsFile", "OpensInWorker",
-           "open_in_worker", "Stream", "StringKeys", "Sleepy", "np"]
+           "open_in_worker", "Stream", "StringKeys", "Sleepy", "SmallImages", "Parsed", "log_start", "np"]

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 import fastcollate  # noqa: E402
 from fastcollate import _ext  # noqa: E402
 from fastcollate.core.shm import process_start, segment_fd  # noqa: E402
-from fastcollate.data import cache as cache_mod  # noqa: E402
+from fastcollate.cache import cached as cache_mod
 from helpers import assert_identical  # noqa: E402
 
 

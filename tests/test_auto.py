@@ -1,4 +1,4 @@
-"""num_workers="auto": the decision on made-up measurements (fastcollate.tuning.auto: no clock is
+"""num_workers="auto": the decision on made-up measurements (fastcollate.tuning.decide: no clock is
 read, nothing depends on the machine's speed), and the loader end to end with the decisions
 scripted -- the batches equal a fixed loader's while the setting changes, every decision is
 logged with its evidence, persistent workers are restarted to resize, and everything a loader
@@ -14,7 +14,8 @@ import torch
 import torch.utils.data as tud
 
 import fastcollate
-from fastcollate.tuning import auto as plan, node
+from fastcollate.tuning import node
+from fastcollate.tuning import decide as plan
 from helpers import assert_same
 
 GIB = 1 << 30

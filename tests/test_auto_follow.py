@@ -11,7 +11,7 @@ import torch.utils.data as tud
 
 import fastcollate
 from fastcollate.loader import follow
-from fastcollate.tuning import auto as plan
+from fastcollate.tuning import decide as plan
 from helpers import assert_same
 from test_auto import Squares, epochs, scripted
 

@@ -1,7 +1,7 @@
 """The image-folder workload's JPEGs live in a temporary folder exactly as long as a dataset reads
 them: shared while a dataset holds them, left alone by workers, removed when the last dataset is
 collected and when the process ends (normally or by Ctrl-C) -- `doctor --dataset
-fastcollate._bench.images:dataset` leaves nothing in the temporary directory."""
+fastcollate._bench.image_bench:dataset` leaves nothing in the temporary directory."""
 from __future__ import annotations
 
 import gc
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_image_folder_files_live_as_long_as_a_dataset():
     pytest.importorskip("PIL")
-    from fastcollate._bench import images
+    from fastcollate._bench import image_bench as images
 
     ds = images.dataset(n=6, size=48)
     path = ds.folder.path
@@ -43,8 +43,8 @@ def test_image_folder_files_live_as_long_as_a_dataset():
 SCRIPT = textwrap.dedent('''
     import importlib, os, sys
     import torch
-    # as `fastcollate doctor --dataset fastcollate._bench.images:dataset` loads it: module:attr, a factory
-    mod, attr = "fastcollate._bench.images:dataset".split(":")
+    # as `fastcollate doctor --dataset fastcollate._bench.image_bench:dataset` loads it: module:attr, a factory
+    mod, attr = "fastcollate._bench.image_bench:dataset".split(":")
     ds = getattr(importlib.import_module(mod), attr)()
     path = ds.folder.path
     print(path, flush=True)

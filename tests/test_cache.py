@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 import fastcollate
 from fastcollate import _ext
-from fastcollate.data import cache as cache_mod
+from fastcollate.cache import cached as cache_mod
 import cache_samples
 from helpers import assert_identical, assert_same
 
@@ -600,7 +600,7 @@ def test_default_max_bytes_is_half_the_available_memory():
 
 
 def _fake_cgroup(tmp_path, monkeypatch, files: dict[str, str], proc_cgroup: str = "0::/\n") -> None:
-    from fastcollate.data import cache_memory
+    from fastcollate.cache import room as cache_memory
 
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -645,7 +645,7 @@ def test_a_cgroups_page_cache_is_not_counted_as_used(tmp_path, monkeypatch, vers
                  "memory/pod/memory.stat": f"cache {14 * GiB}\nactive_file {active}\ninactive_file {inactive}\n"}
         proc = "4:memory:/pod\n"
     _fake_cgroup(tmp_path, monkeypatch, files, proc)
-    from fastcollate.data import cache_memory
+    from fastcollate.cache import room as cache_memory
 
     assert cache_memory._cgroup_room() == limit - GiB // 2  # 15.5 GiB left, not 1.5
     assert cache_mod.memory_available() == min(_meminfo_available(), limit - GiB // 2)

@@ -1,4 +1,4 @@
-"""The node cache's dataset fingerprint (fastcollate.data.cache_identity): different content of
+"""The node cache's dataset fingerprint (fastcollate.cache.identity): different content of
 one type and length never shares a digest; the same content gives the same digest in another
 process (another hash seed); where the walk can only sample it says so."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import torch
 
-from fastcollate.data.cache_identity import fingerprint, same_value, spot_check
+from fastcollate.cache.identity import fingerprint, same_value, spot_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +48,7 @@ def test_another_process_with_another_hash_seed_agrees(tmp_path):
         (tmp_path / f"f{k}.bin").write_bytes(b"x" * k)
     paths = repr(frozenset(str(tmp_path / f"f{k}.bin") for k in range(3)))
     code = ("import sys, logging; sys.path.insert(0, 'tests'); from test_cache_identity import Folder; "
-            "from fastcollate.data.cache_identity import fingerprint; "
+            "from fastcollate.cache.identity import fingerprint; "
             "f = Folder([('/d/1', 0)], transform=frozenset({'x', 'y', 'z'})); "
             f"f.files_set = {paths}; f.by_key = {{k: len(k) for k in f.files_set}}; "
             "f.log = logging.getLogger('ds'); f.log.isEnabledFor(10); "
@@ -90,7 +90,7 @@ def test_what_it_cannot_read_whole_it_says_and_a_key_replaces_it():
 
 
 def test_the_spot_check_compares_bytes_then_values():
-    from fastcollate.data.cache_codec import decode, encode
+    from fastcollate.cache.codec import decode, encode
 
     samples = {i: {"x": torch.full((4,), i), "s": {"a", "b"}} for i in range(4)}
     stored = {}
@@ -116,7 +116,7 @@ def test_an_image_folder_fingerprints_alike_in_two_processes(tmp_path):
     from images_data import write_folder
 
     write_folder(str(tmp_path), n_per_class=2)
-    code = ("import fastcollate.images as fi; from fastcollate.data.cache_identity import fingerprint; "
+    code = ("import fastcollate.images as fi; from fastcollate.cache.identity import fingerprint; "
             f"ds = fi.ImageFolder({str(tmp_path)!r}, transform=fi.RandomResizedCrop(8)); ds.set_epoch(3); "
             "f = fingerprint(ds); print(f.digest, f.complete)")
     got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout

@@ -178,7 +178,7 @@ def test_an_arrow_formatted_hf_dataset_row_is_copied():
 
 
 def test_the_out_of_band_buffers_are_only_ours_and_read_only(monkeypatch):
-    from fastcollate.data import cache_codec
+    from fastcollate.cache import codec as cache_codec
 
     sample = {"t": torch.arange(6).reshape(2, 3)[:, 1], "a": np.arange(4.0)[::-1], "p": pickle.PickleBuffer(bytearray(8))}
     blob = cache_codec.encode(sample)

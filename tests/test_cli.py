@@ -32,7 +32,8 @@ def test_bench_quick(tmp_path):
     # ... and the run's other tables, each under its title with its load
     for title in ("## Padding", "## Loaders", "## A new loader", "## Storage"):
         assert title in text, title
-    assert text.count("load average (1 min)") >= 5 and "vs torch workers (min-max)" in text
+    # the header's "- load average (1 min)" and each later table's "Load average (1 min)"
+    assert text.lower().count("load average (1 min)") >= 5 and "vs torch workers (min-max)" in text
     assert "speedup" in r.stdout and "end-to-end" in r.stdout and "-bound" in r.stdout
     assert "[collate 1/2] tiny" in r.stderr  # progress
     data = json.loads(out.read_text())
@@ -131,7 +132,7 @@ def test_doctor_refuses_bad_options_in_one_line(argv, words):
 
 def test_doctor_names_the_dataset_stage_of_an_image_folder():
     pytest.importorskip("PIL")
-    r = run("doctor", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "16", "--workers", "2",
+    r = run("doctor", "--dataset", "fastcollate._bench.image_bench:dataset", "--batch-size", "16", "--workers", "2",
             "--epochs", "1")
     assert r.returncode == 0, r.stderr
     assert "bottleneck: dataset" in r.stdout and "samples, in 2 workers: the dataset" in r.stdout
@@ -216,8 +217,8 @@ def test_a_missing_optional_package_is_one_line_before_any_run(tmp_path):
         "sys.modules['PIL'] = sys.modules['matplotlib'] = None  # as if not installed\n"
         "from fastcollate.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n")
-    cases = [(["doctor", "--dataset", "fastcollate._bench.images:dataset"], "pillow"),
-             (["tune", "--dataset", "fastcollate._bench.images:dataset", "--batch-size", "4"], "pillow"),
+    cases = [(["doctor", "--dataset", "fastcollate._bench.image_bench:dataset"], "pillow"),
+             (["tune", "--dataset", "fastcollate._bench.image_bench:dataset", "--batch-size", "4"], "pillow"),
              (["doctor", "--dataset", "cli_dataset:DATASET", "--plot", str(tmp_path / "p.png")], "matplotlib"),
              (["bench", "--peers", "--quick"], "pillow"),
              (["bench", "--quick", "--workloads", "tiny", "--no-train", "--plot", str(tmp_path / "b.png")],

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastcollate import _trace
-from fastcollate.training import diagnosis
+from fastcollate.core import trace as _trace
+from fastcollate.doctor import diagnosis
 
 
 def traced(batches=12, workers=2, fetch=0.032, collate=0.0002, sampler=0.0, rebuild=0.0, transfer=0.0,

@@ -74,3 +74,22 @@ def test_docs_pages_are_in_the_repository():
     entries = re.findall(r"^([a-z_/]+)$", index, flags=re.M)
     missing = [e for e in entries if e != "auto_examples/index" and not os.path.exists(os.path.join(DOCS, e + ".md"))]
     assert entries and missing == []
+
+
+def test_the_prose_is_short():
+    # issue #44's bars, over README.md and docs/**/*.md (the changelog aside): prose sentences of
+    # median <= 16 words and 90th percentile <= 32; no page over 2,500 words of prose
+    import doc_metrics
+
+    m = doc_metrics.measure()
+    assert m["median"] <= 16 and m["p90"] <= 32, (m["median"], m["p90"], m["longest"][:3])
+    long_pages = {p: w for p, w in m["pages"].items() if w > 2500}
+    assert long_pages == {}, long_pages
+
+
+@pytest.mark.parametrize("phrase", ["what changed since", "since the last run", "than the last run", "the previous run"])
+def test_no_page_narrates_earlier_runs(phrase):
+    import doc_metrics
+
+    hits = [p for p in doc_metrics.pages() if phrase in read(p).lower()]
+    assert hits == [], f"{hits} narrate earlier runs ({phrase!r}): that is the changelog's"

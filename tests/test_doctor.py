@@ -90,7 +90,7 @@ def test_no_advice_to_use_what_is_already_used():
 
 
 def test_the_loader_arguments_are_checked_before_anything_runs():
-    from fastcollate.training.doctor import LoaderArgumentsError
+    from fastcollate.doctor.diagnose import LoaderArgumentsError
 
     for kw, msg in ((dict(num_workers=2, prefetch_factor=0), "prefetch_factor"),
                     (dict(prefetch_factor=2), "prefetch_factor"), (dict(num_workers=-1), "num_workers"),
@@ -100,7 +100,8 @@ def test_the_loader_arguments_are_checked_before_anything_runs():
 
 
 def _facts(**kw):
-    from fastcollate.training import doctor_look, doctor_words
+    from fastcollate.doctor import look as doctor_look
+    from fastcollate.doctor import words as doctor_words
     from fastcollate.tuning import model
 
     seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.01], [0.009], 0.01, 0.0), spikes_s=[0.0],
@@ -115,7 +116,7 @@ def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
     # the doctor's runs stay on the host: on a CUDA machine it advises (never measures) the
     # prefetcher and moving random augmentation after the copy -- checked here without a GPU by
     # handing findings() what a CUDA machine would
-    from fastcollate.training import doctor_words
+    from fastcollate.doctor import words as doctor_words
 
     why = "index 3 gave different samples in worker 0 and in worker 1"
     words = doctor_words.findings(_facts(cache_why=why, cuda=True, pinned=True))
@@ -125,7 +126,7 @@ def test_with_a_gpu_the_transfer_and_augmentation_advice_is_given():
 
 
 def test_a_span_of_one_round_reads_as_one_round():
-    from fastcollate.training.doctor_words import over_rounds
+    from fastcollate.doctor.words import over_rounds
     assert over_rounds("1.68", "1.75", 2, "x") == "1.68-1.75x over 2 rounds"
     assert over_rounds("15.06", "15.06", 1, "x") == "15.06x in one round"
     assert over_rounds("626", "652", 3) == "626-652 over 3 rounds"
@@ -134,7 +135,7 @@ def test_a_span_of_one_round_reads_as_one_round():
 def test_a_candidate_that_lost_is_named_and_no_line_denies_its_prediction():
     # the model predicted a gain, the measured rounds refused it: the words say what was tried and
     # what was predicted, and no line says that nothing predicted a gain
-    from fastcollate.training import doctor_words
+    from fastcollate.doctor import words as doctor_words
     from fastcollate.tuning import model
 
     base = model.Setting("torch", 0)
@@ -299,6 +300,30 @@ def test_io_bound_fetches_may_get_more_workers_than_cores():
     assert max(p["setting"]["num_workers"] for p in d.predictions) > cores, d.predictions
     assert any("wait" in f and "off the CPU" in f for f in d.findings), d.findings
     assert max(model.worker_counts(2, 0.0)) == 2
+
+
+@pytest.mark.slow
+def test_spawned_workers_are_not_started_again_in_the_measuring_rounds(tmp_path, monkeypatch):
+    # a spawn context that is not persistent starts a new interpreter for every worker each epoch:
+    # the rounds keep loaders started before them and charge the start-up the look measured
+    import time
+
+    log = tmp_path / "starts"
+    monkeypatch.setenv("FASTCOLLATE_TEST_STARTS", str(log))
+    marks: dict[str, float] = {}
+
+    def progress(msg):
+        marks.setdefault(msg.split(":")[0].split(",")[0].split(" and ")[0], time.monotonic())
+
+    d = fastcollate.doctor(dd.Parsed(n=256, per_sample=50e-6), batch_size=32, epochs=2, num_workers=1,
+                           multiprocessing_context="spawn", persistent_workers=False, worker_init_fn=dd.log_start,
+                           progress=progress)
+    starts = [float(t) for t in log.read_text().split()]
+    assert d.baseline["measured"] and d.proposal["measured_samples_per_s"], d.baseline
+    rounds = marks["measuring your settings"]
+    assert starts and not [t for t in starts if t > rounds], (marks, starts)
+    assert any(k.startswith("workers started by spawn") for k in marks), marks
+    assert sum(t < marks["probing torch's DataLoader"] for t in starts) >= 2  # the look met them each epoch
 
 
 def test_print_shows_the_report_and_the_rank(monkeypatch):

@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 import fastcollate
 import doctor_data as dd
-from fastcollate.training import doctor as doctor_mod, doctor_plan, doctor_words
+from fastcollate.doctor import diagnose as doctor_mod
+from fastcollate.doctor import plan as doctor_plan
+from fastcollate.doctor import words as doctor_words
 from fastcollate.tuning import measure, model
 
 KINDS = ["torch", "torch+fastcollate", "fastcollate"]
@@ -50,7 +53,7 @@ def test_an_epoch_dependent_dataset_never_gets_persistent_workers():
 
 def test_an_epoch_kept_in_shared_memory_allows_persistent_workers():
     import fastcollate.images as fi
-    from fastcollate.training.doctor_proof import epoch_shared
+    from fastcollate.doctor.proof import epoch_shared
 
     assert epoch_shared(fi.ImageFolder.__new__(fi.ImageFolder)) and not epoch_shared([1, 2])
     base = model.Setting("torch", 2, 2, False)
@@ -123,6 +126,16 @@ def test_compare_fills_its_budget_with_rounds(monkeypatch):
     assert len(out["yours"].runs) == 2  # tied ratios of 1.0 stop at once without fill
 
 
+def test_a_run_is_charged_the_start_ups_measured_elsewhere():
+    # a loader whose workers were started before the run: its epochs pay what the start-ups cost
+    loader = [torch.zeros(4, 2)] * 3
+    plain = measure.run_epochs(lambda: loader, 2, min_s=0.0)
+    charged = measure.run_epochs(lambda: loader, 2, min_s=0.0, charge_s=[1.5, 0.5])
+    assert 2.0 <= charged.wall_s < 2.0 + 1.0, (plain, charged)
+    assert charged.epoch_s[0] >= 1.5 and 0.5 <= charged.epoch_s[1] < 1.5, charged.epoch_s
+    assert charged.samples == plain.samples == 24
+
+
 def test_the_budget_is_shared_among_the_phases(monkeypatch):
     # each phase is handed its share of budget_s: the look a deadline, the probes a time each,
     # the proof what its whole-epoch check may take, the rounds what is left
@@ -170,7 +183,7 @@ def test_the_budget_is_shared_among_the_phases(monkeypatch):
 def test_the_ceiling_line_agrees_with_a_measured_win():
     # a measured 1.10x and a replayed ceiling barely above the proposal: what data costs cannot be
     # under the 9% the win implies (it once said "at most 5%" beside it)
-    from fastcollate.training import doctor_look
+    from fastcollate.doctor import look as doctor_look
 
     seen = doctor_look.Look(profile=model.Profile("torch", 0, [0.01], [0.009], 0.01, 0.0), spikes_s=[0.0],
                             step_s=0.005, samples_per_s=100.0, batch_bytes=1 << 10, memory={}, report={})
@@ -198,7 +211,7 @@ def test_copy_on_write_growth_is_named_relative_to_the_worker(growth, private, n
 def test_files_the_main_process_holds_open_are_not_the_datasets(tmp_path):
     # forked workers inherit the caller's open files (a log, pytest's capture): the proof must not
     # read them as files the dataset reads, which would make a deterministic dataset conditional
-    from fastcollate.training import doctor_proof
+    from fastcollate.doctor import proof as doctor_proof
 
     held = open(tmp_path / "held.log", "w")
     try:

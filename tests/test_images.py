@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import fastcollate
 import fastcollate.images as fi
 from fastcollate import _ext
-from fastcollate.images import reference
+from fastcollate.images import pil_reference as reference
 from fastcollate.images.boxes import Box, Draws
 from images_data import jpeg, photo, variants, write_folder
 

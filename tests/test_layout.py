@@ -88,21 +88,27 @@ def test_import_loads_no_benchmark_code():
     assert not [m for m in loaded if "_bench" in m or m.startswith(("fastcollate.bench", "fastcollate.workloads"))]
 
 
-# which layer may import which (the README's layout): core <- data, loader, device, training;
-# nothing below imports _bench; the CLI is the only door to it; fastcollate.ray (the Ray adapter,
-# the one module that imports ray) is imported by the benchmarks only
+# which layer may import which (the README's layout): core <- data, cache, images, loader, device;
+# tuning (what the doctor, tune and the auto mode share) <- loader, training, doctor; nothing below
+# imports _bench; the CLI is the only door to it; fastcollate.ray (the Ray adapter, the one module
+# that imports ray) is imported by the benchmarks only
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
+    "cache": {"core", "cache"},
+    "images": {"core", "images"},
     # the auto mode (num_workers="auto") plans with the model and this rank's share of the node
     "loader": {"core", "loader", "tuning"},
     "device": {"core", "device"},
+    # the StallMonitor reads the doctor's diagnosis (a trace -> the stage the loop waits for): the
+    # one module of the doctor that the loop imports (test_the_loop_reads_only_the_diagnosis)
+    "training": {"core", "device", "training", "tuning", "doctor"},
     # the doctor and tune apply what they propose: they build fastcollate.DataLoader (loader) and
-    # Cached (data); neither of those imports training, so the graph stays one-way
-    "training": {"core", "data", "loader", "device", "training", "tuning"},
-    # this rank's share of the node, the machine's load, the model and measuring: what the doctor,
-    # tune and the loader's auto mode share
-    "tuning": {"core", "data", "tuning"},
+    # Cached (cache), and trace your loop with the StallMonitor (training)
+    "doctor": {"core", "data", "cache", "loader", "device", "training", "tuning", "doctor"},
+    # this rank's share of the node, the machine's load (the cache's reading of it), the model and
+    # measuring
+    "tuning": {"core", "cache", "tuning"},
     "_bench": {"core", "data", "loader", "device", "training", "tuning", "_bench", "ray"},
 }
 
@@ -126,11 +132,23 @@ def _imports(path: str) -> set[str]:
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layers_depend_one_way(layer):
-    root_modules = {"_ext", "_text", "_compat", "_trace"}
+    root_modules = {"_ext", "_text", "_compat"}
     for name in os.listdir(os.path.join(PKG, layer)):
         if name.endswith(".py"):
             bad = _imports(os.path.join(PKG, layer, name)) - ALLOWED[layer] - root_modules
             assert not bad, f"fastcollate/{layer}/{name} imports {sorted(bad)}"
+
+
+def test_the_loop_reads_only_the_diagnosis():
+    # training -> doctor is one module wide: the doctor runs the loop's monitor, not the reverse
+    for name in os.listdir(os.path.join(PKG, "training")):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(PKG, "training", name)).read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module == "doctor":
+                    assert [a.name for a in node.names] == ["diagnosis"], f"training/{name}"
+                elif isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").startswith("doctor."):
+                    assert node.module == "doctor.diagnosis", f"training/{name} imports {node.module}"
 
 
 def test_no_private_name_crosses_a_module():
@@ -157,3 +175,17 @@ def test_every_package_folder_is_shipped():
     found = {os.path.relpath(d, ROOT).replace(os.sep, ".")
              for d, _, files in os.walk(PKG) if "__init__.py" in files and "__pycache__" not in d}
     assert found == listed, f"pyproject.toml's packages differ from the folders: missing {sorted(found - listed)}, stale {sorted(listed - found)}"
+
+
+def test_no_import_circles_and_no_name_used_twice():
+    import package_graph as pg
+
+    assert pg.circles(pg.edges()) == [], "modules that import each other: decide which side owns the shared piece"
+    assert pg.twice_named() == {}, "one file name, two mechanisms: name each for its own"
+
+
+def test_the_package_graph_page_is_what_the_code_gives():
+    import package_graph as pg
+
+    with open(pg.PAGE) as f:
+        assert f.read() == pg.page(), "docs/design/packages.md is stale: run python tests/package_graph.py"

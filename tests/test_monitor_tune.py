@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastcollate
-from fastcollate.training import loop, monitor, tune
+from fastcollate.training import loop, monitor
+from fastcollate.doctor import tune
 from fastcollate.tuning import measure
 from virtual_clock import VirtualClock
 
@@ -188,7 +189,7 @@ def test_tune_loader_starts_no_run_past_its_budget(monkeypatch):
 
 
 def test_tune_loader_never_calls_noise_a_win():
-    from fastcollate.training.tune import TuneResult  # noqa: F401
+    from fastcollate.doctor.tune import TuneResult  # noqa: F401
     from fastcollate.tuning import measure
 
     base, same = measure.Arm("a"), measure.Arm("b")
@@ -214,7 +215,7 @@ def test_tune_loader_never_calls_noise_a_win():
 
 
 def test_tune_loader_picks_no_winner_from_one_round_of_noise():
-    from fastcollate.training.tune import TuneResult, choose
+    from fastcollate.doctor.tune import TuneResult, choose
 
     def row(w, sps, lo, hi, rounds):
         return {"loader": "torch", "num_workers": w, "prefetch_factor": 2, "samples_per_s": sps, "min": lo, "max": hi,
@@ -242,7 +243,7 @@ def _row(w, sps, lo, hi, rounds, loader="torch", status="ok"):
 
 
 def test_tune_keeps_every_worker_count_asked_for():
-    from fastcollate.training.tune import _candidates
+    from fastcollate.doctor.tune import _candidates
 
     # more workers than cores is legitimate where fetches wait on I/O: measured, never dropped
     assert _candidates([0, 4, 8], cores=2) == [0, 4, 8]
@@ -253,7 +254,7 @@ def test_tune_keeps_every_worker_count_asked_for():
 
 
 def test_tune_marks_the_rows_with_more_workers_than_cores():
-    from fastcollate.training.tune import TuneResult
+    from fastcollate.doctor.tune import TuneResult
 
     over = dict(_row(4, 900, 880, 910, 2), note="more workers than the 2 usable cores")
     res = TuneResult(best={"num_workers": 4}, table=[_row(0, 500, 490, 510, 2), over], rounds=2, kind="torch", cores=2)
@@ -269,7 +270,7 @@ def test_tune_marks_the_rows_with_more_workers_than_cores():
     ("torch", len, "torch's DataLoader with your collate_fn"),
 ])
 def test_tune_verdict_names_the_loader_exactly(kind, collate, name):
-    from fastcollate.training.tune import TuneResult, choose
+    from fastcollate.doctor.tune import TuneResult, choose
 
     rows = [_row(0, 500, 490, 510, 3, loader=kind), _row(2, 900, 880, 910, 3, loader=kind)]
     pick, tied = choose(rows)
@@ -281,7 +282,7 @@ def test_tune_verdict_names_the_loader_exactly(kind, collate, name):
 
 
 def test_tune_verdict_of_a_lone_measurement_claims_no_comparison():
-    from fastcollate.training.tune import TuneResult
+    from fastcollate.doctor.tune import TuneResult
 
     rows = [_row(0, 500, 490, 510, 3, loader="torch+fastcollate"),
             _row(2, 0.0, 0.0, 0.0, 0, status="error: ValueError: bad"), _row(1, 0.0, 0.0, 0.0, 0, status="skipped (budget)")]
@@ -342,7 +343,7 @@ def test_uint8_images_are_not_told_to_ship_uint8():
 
 
 def test_traced_advice_is_only_what_the_numbers_say(clock, monkeypatch):
-    from fastcollate import _trace
+    from fastcollate.core import trace as _trace
 
     clock.install_now(monkeypatch, _trace)  # main-process loading: every span on the virtual clock
     mon = fastcollate.StallMonitor(trace=True)

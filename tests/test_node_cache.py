@@ -1,4 +1,4 @@
-"""The node-wide fastcollate.Cached (fastcollate.data.cache_node): ranks of one job on one node
+"""The node-wide fastcollate.Cached (fastcollate.cache.per_node): ranks of one job on one node
 share one cache -- the same memfds, what one inserts every other hits, exactly; the default
 max_bytes computed once, by the rank that makes the cache; a key holding another dataset refused
 with one message; a rank killed mid-insert takes nothing from the others and its restart rejoins;
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import fastcollate
 from fastcollate.core.shm import segment_fd
-from fastcollate.data import cache_node
+from fastcollate.cache import per_node as cache_node
 from procs import processes_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,8 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from fastcollate.loader import auto as la
-from fastcollate.tuning import auto as plan, spikes
+from fastcollate.loader import autotune as la
+from fastcollate.tuning import spikes
+from fastcollate.tuning import decide as plan
 
 
 def hist_of(walls):

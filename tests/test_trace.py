@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as tdl
 
 import fastcollate
-from fastcollate import _trace
+from fastcollate.core import trace as _trace
 from trace_data import SlowBatchSampler, Stalling, slow_collate
 
 
@@ -212,7 +212,7 @@ def test_tracing_off_wraps_nothing():
     assert not _trace.enabled()
     assert tdl._BaseDataLoaderIter.__dict__["__next__"].__module__ == "torch.utils.data.dataloader"
     mon = fastcollate.StallMonitor(trace=True)
-    assert tdl._BaseDataLoaderIter.__dict__["__next__"].__module__ == "fastcollate._trace"
+    assert tdl._BaseDataLoaderIter.__dict__["__next__"].__module__ == "fastcollate.core.trace"
     mon.close()
     assert tdl._BaseDataLoaderIter.__dict__["__next__"].__module__ == "torch.utils.data.dataloader"
     r = fastcollate.StallMonitor().report()

@@ -7,7 +7,7 @@ decides it from injected seconds cannot.
     clock.install(monkeypatch, monitor, loop)   # their time.perf_counter / monotonic read it
     clock.sleep(0.003)                          # 3 ms pass, at once
 
-Modules that bind ``now = time.perf_counter`` at import (fastcollate._trace) are patched by
+Modules that bind ``now = time.perf_counter`` at import (fastcollate.core.trace) are patched by
 ``install_now``. Only the main process's clock moves: use it where the measured work runs in
 the main process (no DataLoader workers)."""
 from __future__ import annotations

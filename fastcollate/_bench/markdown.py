@@ -67,12 +67,15 @@ def command(argv: Sequence[str]) -> str:
     return "fastcollate " + " ".join(shlex.quote(a) for a in argv)
 
 
+BUSY = "On a busy machine, every row is flagged."
+
+
 def _load_line(m: dict[str, Any], loads: Sequence[float | None] | None) -> str:
     """The load while the table was measured (start and end), or when it was written."""
     if loads is not None:
         start, end = loads
         line = noise.load_line(start, end, (m["usable_cores"], m["online_cores"] or m["usable_cores"]))
-        return f"- {line}, while the table was measured (a busy machine flags every row: see below the table)\n"
+        return f"- {line}, while the table\n  was measured. {BUSY}\n"
     if m["load_average"] is None:
         return ""
     busy = " (above the core count: other processes shared the machine)" if m["load_average"] > m["usable_cores"] else ""
@@ -92,20 +95,22 @@ def collate_markdown(rows: list[dict[str, Any]], argv: Sequence[str], *, backend
         f"- software: Python {m['python']}, torch {m['torch']}"
         + (f" (CUDA {m['torch_cuda']})" if m["torch_cuda"] else " (CPU build)")
         + f", fastcollate engine: {backend}" + (f"; GPU: {m['gpu']}" if m["gpu"] else ""),
-        _load_line(m, loads) + f"- timing: medians of {rounds} interleaved rounds, each at least {min_time:g} s of calls, the previous "
-        "batch held alive as a training loop holds it",
+        _load_line(m, loads) + f"- timing: medians of {rounds} interleaved rounds, each at least {min_time:g} s of calls. "
+        "The previous batch is\n  held alive, as a training loop holds it.",
     ]
     if quick:
         lines.append("- **a quick run** (`--quick`: 2 short rounds): a smoke run's figures, noisier than a full run's")
     lines += [
         "",
-        "*speedup* = default_collate's time / fastcollate's, measured side by side in each round; *of memcpy* = a "
-        "`Tensor.copy_` of the same bytes into a reused buffer / fastcollate's time (the ceiling for large batches; "
-        "from 8 MB fastcollate writes with streaming stores, which skip reading each destination line first, and "
-        "may reach 150% of it; — below 1 MB, where the cost is per leaf, not per byte). Each is the median over "
-        "rounds, with its min-max "
-        f"over rounds in brackets; *noise* marks ({noise.MARK}) a row whose figures cannot be trusted, the reasons "
-        "below the table.",
+        "The columns:",
+        "",
+        "- *speedup* = default_collate's time / fastcollate's, measured side by side in each round.",
+        "- *of memcpy* = a `Tensor.copy_` of the same bytes into a reused buffer / fastcollate's time.",
+        "  This is the ceiling for large batches. From 8 MB, fastcollate writes with streaming stores,",
+        "  which skip reading each destination line first. So it may reach 150% of the ceiling. \"—\" marks",
+        "  a batch below 1 MB, where the cost is per leaf, not per byte.",
+        "- Each figure is the median over rounds, with its min-max over rounds in brackets.",
+        f"- *noise* marks ({noise.MARK}) a row whose figures cannot be trusted. The reasons are below the table.",
         "",
         collate_bench.format_table(rows),
         "",
@@ -126,11 +131,14 @@ def write_collate(path: str, rows: list[dict[str, Any]], argv: Sequence[str] | N
 def append_table(path: str, title: str, intro: str, table: str, warn: Sequence[str] = (),
                  loads: Sequence[float | None] | None = None) -> str:
     """One more table of the same run under the collate table (same machine, same command): its
-    title, what it measures, the table as the bench printed it, its noise lines and its load."""
+    title, what it measures (``intro``, as it goes on the page), the table as the bench printed it,
+    its noise lines and its load."""
     m = machine()
     lines = ["", f"## {title}", "", intro.strip()]
     if loads is not None:
-        lines += ["", _load_line(m, loads).strip().lstrip("- ").rstrip()]
+        start, end = loads
+        line = noise.load_line(start, end, (m["usable_cores"], m["online_cores"] or m["usable_cores"]))
+        lines += ["", f"{line[:1].upper()}{line[1:]}, while the table was\nmeasured. {BUSY}"]
     lines += ["", table, ""]
     if warn:
         lines += ["```text", *warn, "```", ""]

@@ -26,7 +26,8 @@ from .._text import table_rule
 from ..core.collator import Collator, collate as fast_collate
 from ..data.arrays import TokenWindows
 from ..loader.dataloader import DataLoader
-from . import images, ray_peer
+from . import ray_peer
+from . import image_bench as images
 from .storage import GetBatch, NaiveWindows, token_lists, usual_padding, word_tokenizer
 from .workloads import CachedSamples, small_fields
 

@@ -13,7 +13,8 @@ from typing import Any, Literal, Sequence
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from .. import _ext, _trace
+from .. import _ext
+from . import trace as _trace
 
 from . import reference
 from .pad import PadSpec
@@ -207,12 +208,46 @@ class Collator:
         self._main_threads = num_threads or min(4, usable_cores())
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any, **kwargs: Any) -> "Collator":
-        """A padding Collator that returns what Hugging Face's collators return for the same
-        rows; see :func:`fastcollate.core.tokenizer.for_tokenizer` for the options."""
-        from .tokenizer import for_tokenizer
+    def for_tokenizer(cls, tokenizer: Any, *, label_pad: int = -100, causal_lm: bool = False,
+                      seq2seq: bool | None = None, pad_to_multiple_of: int | None = None,
+                      max_length: int | None = None, **kwargs: Any) -> "Collator":
+        """A Collator for tokenizer rows whose batches equal a Hugging Face collator's, tensor for
+        tensor: the first of ``tokenizer.model_input_names`` padded with ``pad_token_id`` on
+        ``tokenizer.padding_side``, ``attention_mask`` (padded, or made when the rows lack it and the
+        tokenizer returns one), ``token_type_ids`` and ``special_tokens_mask`` padded when the rows
+        carry them -- by fastcollate's engine, into one arena -- and every other key as
+        ``tokenizer.pad`` converts it (Python floats: float32).
 
-        return for_tokenizer(tokenizer, **kwargs)
+        Labels:
+
+        * ``seq2seq=None`` (default): scalar labels and float sequences (multi-label targets) as
+          ``DataCollatorWithPadding`` gives them (``label`` / ``label_ids`` renamed ``labels``; Python
+          floats float32); integer sequence labels as ``DataCollatorForSeq2Seq`` pads them
+          (``label_pad``, their own longest rounded up to ``pad_to_multiple_of``, int64); bool
+          sequences need ``seq2seq=False`` (``label_pad`` does not fit a bool);
+        * ``seq2seq=True``: exactly ``DataCollatorForSeq2Seq(label_pad_token_id=label_pad)``
+          (``labels=None`` when the rows carry none; float labels truncated to int64 as there);
+        * ``seq2seq=False``: exactly ``DataCollatorWithPadding`` (labels never padded);
+        * ``causal_lm=True``: exactly ``DataCollatorForLanguageModeling(mlm=False)``: labels made
+          from the input ids, pad id -> ``label_pad``.
+
+        ``max_length`` truncates (Hugging Face's collators do not); other keyword arguments go to
+        ``Collator``. Where transformers refuses a batch fastcollate may still collate it.
+
+        >>> class Tok:  # any object with a tokenizer's attributes
+        ...     model_input_names, pad_token_id, pad_token_type_id, padding_side = ["input_ids", "attention_mask"], 0, 0, "right"
+        >>> c = Collator.for_tokenizer(Tok())
+        >>> out = c([{"input_ids": [5, 6, 7], "label": 0.5}, {"input_ids": [8], "label": 2.0}])
+        >>> out["input_ids"].tolist(), out["labels"].dtype
+        ([[5, 6, 7], [8, 0, 0]], torch.float32)
+        """
+        from .tokenizer import settings
+
+        kw, post = settings(tokenizer, label_pad=label_pad, causal_lm=causal_lm, seq2seq=seq2seq,
+                            pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
+        c = cls(**kw, **kwargs)
+        c.postprocess = post(c.pad)
+        return c
 
     def __repr__(self) -> str:
         pad = "" if self.pad is None else f", pad={dict(self.pad.values)}"

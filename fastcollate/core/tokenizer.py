@@ -1,4 +1,4 @@
-"""Collator.for_tokenizer: the padding collate for rows a Hugging Face tokenizer produced,
+"""What Collator.for_tokenizer adds: the padding collate for rows a Hugging Face tokenizer produced,
 equal tensor for tensor (dtype, shape, values) to what transformers' DataCollatorWithPadding,
 DataCollatorForSeq2Seq and DataCollatorForLanguageModeling(mlm=False) return for the same rows.
 transformers is never imported: only the tokenizer's attributes are read.
@@ -35,8 +35,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-
-from .collator import Collator
 
 _MODES = {None: "auto", True: "seq2seq", False: "padding"}
 
@@ -214,38 +212,12 @@ class HFBatch:
                 pass
 
 
-def for_tokenizer(tokenizer: Any, *, label_pad: int = -100, causal_lm: bool = False, seq2seq: bool | None = None,
-                  pad_to_multiple_of: int | None = None, max_length: int | None = None, **kwargs: Any) -> Collator:
-    """A Collator for tokenizer rows whose batches equal a Hugging Face collator's, tensor for
-    tensor: the first of ``tokenizer.model_input_names`` padded with ``pad_token_id`` on
-    ``tokenizer.padding_side``, ``attention_mask`` (padded, or made when the rows lack it and the
-    tokenizer returns one), ``token_type_ids`` and ``special_tokens_mask`` padded when the rows
-    carry them -- by fastcollate's engine, into one arena -- and every other key as
-    ``tokenizer.pad`` converts it (Python floats: float32).
-
-    Labels:
-
-    * ``seq2seq=None`` (default): scalar labels and float sequences (multi-label targets) as
-      ``DataCollatorWithPadding`` gives them (``label`` / ``label_ids`` renamed ``labels``; Python
-      floats float32); integer sequence labels as ``DataCollatorForSeq2Seq`` pads them
-      (``label_pad``, their own longest rounded up to ``pad_to_multiple_of``, int64); bool
-      sequences need ``seq2seq=False`` (``label_pad`` does not fit a bool);
-    * ``seq2seq=True``: exactly ``DataCollatorForSeq2Seq(label_pad_token_id=label_pad)``
-      (``labels=None`` when the rows carry none; float labels truncated to int64 as there);
-    * ``seq2seq=False``: exactly ``DataCollatorWithPadding`` (labels never padded);
-    * ``causal_lm=True``: exactly ``DataCollatorForLanguageModeling(mlm=False)``: labels made
-      from the input ids, pad id -> ``label_pad``.
-
-    ``max_length`` truncates (Hugging Face's collators do not); other keyword arguments go to
-    ``Collator``. Where transformers refuses a batch fastcollate may still collate it.
-
-    >>> class Tok:  # any object with a tokenizer's attributes
-    ...     model_input_names, pad_token_id, pad_token_type_id, padding_side = ["input_ids", "attention_mask"], 0, 0, "right"
-    >>> c = for_tokenizer(Tok())
-    >>> out = c([{"input_ids": [5, 6, 7], "label": 0.5}, {"input_ids": [8], "label": 2.0}])
-    >>> out["input_ids"].tolist(), out["labels"].dtype
-    ([[5, 6, 7], [8, 0, 0]], torch.float32)
-    """
+def settings(tokenizer: Any, *, label_pad: int = -100, causal_lm: bool = False, seq2seq: bool | None = None,
+             pad_to_multiple_of: int | None = None, max_length: int | None = None
+             ) -> tuple[dict[str, Any], Callable[[Any], HFBatch]]:
+    """What ``Collator.for_tokenizer`` makes of a tokenizer's attributes (the options are its):
+    the Collator's keyword arguments, and the post-step, made from the Collator's PadSpec. The
+    Collator is the caller's to build, so that this module needs nothing of collator.py."""
     if causal_lm and seq2seq:
         raise ValueError("fastcollate: causal_lm=True and seq2seq=True name two different collators; pick one")
     if seq2seq not in _MODES:
@@ -262,10 +234,9 @@ def for_tokenizer(tokenizer: Any, *, label_pad: int = -100, causal_lm: bool = Fa
     if mode in ("auto", "seq2seq"):
         optional.update(labels=label_pad, label=label_pad)
     side = getattr(tokenizer, "padding_side", "right") or "right"
-    c = Collator(pad={key: pad_id}, pad_if_present=optional, pad_to_multiple_of=pad_to_multiple_of,
-                 max_length=max_length, padding_side=side, return_mask="attention_mask" in names, **kwargs)
-    c.postprocess = HFBatch(key, pad_id, mode, label_pad, c.pad)
-    return c
+    kw = dict(pad={key: pad_id}, pad_if_present=optional, pad_to_multiple_of=pad_to_multiple_of,
+              max_length=max_length, padding_side=side, return_mask="attention_mask" in names)
+    return kw, lambda pad: HFBatch(key, pad_id, mode, label_pad, pad)
 
 
-__all__ = ["for_tokenizer"]
+__all__ = ["settings", "HFBatch", "to_py"]

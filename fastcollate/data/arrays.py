@@ -80,11 +80,14 @@ class ArrayDataset(Dataset):
 
     @staticmethod
     def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> "ArrayDataset":
-        """The numeric columns of a Hugging Face ``datasets.Dataset``, gathered from its Arrow
-        buffers; see :func:`fastcollate.data.hf.from_hf`."""
-        from .hf import from_hf
+        """An ArrayDataset over the numeric columns of a Hugging Face ``datasets.Dataset``.
 
-        return from_hf(dataset, columns)
+        Sample i is ``{name: dataset[i][name]}`` (Python numbers and lists, the dataset's indices
+        mapping applied); a batch is gathered from the Arrow buffers. Columns must hold numbers
+        or lists of numbers; choose them with ``columns`` (default: all)."""
+        from .hf import sources
+
+        return ArrayDataset(sources(dataset, columns))
 
     @property
     def columns(self) -> list[Any]:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .columnar import BLOCK_BYTES, BatchColumn
+from .batch_column import BLOCK_BYTES, BatchColumn
 from .columns import byte_span, spans_of, torch_dtype_of
 from .hf import ArrowDataError, check_list_chunk
 

@@ -41,7 +41,6 @@ columns included; the arena pays where the batch goes on to a GPU.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from typing import Any, Literal, Mapping, Sequence
@@ -52,6 +51,7 @@ import torch
 from .. import _ext
 from ..core.collator import usable_cores
 from ..core.pad import PadSpec, check_fits
+from .batch_column import BLOCK_BYTES, BatchColumn
 from .columns import byte_span, spans_of, torch_dtype_of
 from .gather import GatherPlan
 
@@ -59,39 +59,6 @@ from .gather import GatherPlan
 GATHER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
                  torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CONVERTIBLE = (torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# a fixed-width column smaller than this, contiguous, is copied as one block (one row job of all
-# its rows); larger ones keep an address per row, so that the copy threads can share its rows
-BLOCK_BYTES = 1 << 20
-
-
-@dataclasses.dataclass
-class BatchColumn:
-    """One column of a batch, for the gather: row i is ``lens[i]`` (or the fixed shape's)
-    elements of ``src`` at address ``ptrs[i]``.
-
-    ``fixed``: every row's shape (``()``: one number per row, a ``[B]`` batch), or None when
-    rows have a variable first dimension (``lens``) followed by ``trailing``. ``block``: the rows
-    are contiguous from ``ptrs[0]`` (one address), copied as one piece. ``keep`` holds whatever
-    the addresses point into that the caller would not otherwise keep alive. ``spans``: the
-    [start, end) addresses ([k, 2] int64) of the memory the rows lie in -- taken from the buffers
-    themselves, not from the offsets -- against which the engine checks every row it reads.
-    ``view``: the column already as its batch tensor, zero-copy (sharing the memory the rows lie
-    in, holding it alive), when the reader was asked for one and the layout allows it; nothing
-    is gathered for it then (``ptrs`` is empty).
-    """
-
-    key: str
-    src: torch.dtype
-    ptrs: np.ndarray
-    lens: np.ndarray | None
-    fixed: tuple[int, ...] | None
-    trailing: tuple[int, ...] = ()
-    keep: list = dataclasses.field(default_factory=list)
-    block: bool = False
-    spans: np.ndarray = dataclasses.field(default_factory=lambda: spans_of([]))
-    view: torch.Tensor | None = None
-
-
 def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 

@@ -19,7 +19,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .arrays import ArrayDataset
 from .columns import Source, byte_span, spans_of, torch_dtype_of
 
 
@@ -239,8 +238,9 @@ class _ArrowColumn(Source):
         return self.out
 
 
-def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> ArrayDataset:
-    """An :class:`ArrayDataset` over the numeric columns of a ``datasets.Dataset``.
+def sources(dataset: Any, columns: Sequence[str] | None = None) -> dict[str, Source]:
+    """The numeric columns of a ``datasets.Dataset`` as gathered sources, for
+    ``ArrayDataset.from_hf`` (which builds the dataset: this module needs nothing of arrays.py).
 
     Sample i is ``{name: dataset[i][name]}`` (Python numbers and lists, the dataset's indices
     mapping applied); a batch is gathered from the Arrow buffers. Columns must hold numbers
@@ -253,4 +253,4 @@ def from_hf(dataset: Any, columns: Sequence[str] | None = None) -> ArrayDataset:
     if missing:
         raise KeyError(f"fastcollate.ArrayDataset.from_hf: no column {missing[0]!r}; the dataset has "
                        f"{dataset.column_names}")
-    return ArrayDataset({name: _ArrowColumn(dataset, name) for name in names})
+    return {name: _ArrowColumn(dataset, name) for name in names}

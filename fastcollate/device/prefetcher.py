@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .. import _trace
+from ..core import trace as _trace
 from ..core.collator import usable_cores
 from .pipeline import Producer, PipelineStats
 from .transport import CpuTransport, CudaTransport, Delivered, Transform

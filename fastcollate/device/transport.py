@@ -69,7 +69,7 @@ class Delivered:
     nbytes: int = 0
     single_copy: bool = False
     hold: HostHold | None = None          # host memory kept alive until `ready` has completed
-    trace_id: Any = None              # the batch's id in the trace (fastcollate._trace), when tracing
+    trace_id: Any = None              # the batch's id in the trace (fastcollate.core.trace), when tracing
 
 
 def find_arena(batch: Any) -> tuple[torch.UntypedStorage, int] | None:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import _ext
-from . import reference
+from . import pil_reference as reference
 from .boxes import CenterCrop, Plan, RandomResizedCrop
 from .decoding import DecodeError, Source, count_route, as_bytes, available, default_max_pixels, inspect
 
@@ -111,7 +111,7 @@ class ImageBatch(collections.abc.Sequence):
             return None  # the ordinary path: padding, or images of unequal sizes
         t0 = time.perf_counter()
         images, labels = self.dataset._decode(self.indices, alloc, threads)
-        from .. import _trace
+        from ..core import trace as _trace
 
         _trace.note_dataset_work(time.perf_counter() - t0)  # the trace names it the dataset's, as Pillow's was
         return [images, labels]

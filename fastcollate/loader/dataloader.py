@@ -9,18 +9,18 @@ import os
 import sys
 from typing import Any, TypeVar
 
-import torch
+import torch  # noqa: F401  (the doctests read it)
 import torch.utils.data as tud
 from torch.utils.data._utils.collate import default_convert
 
 from .. import _ext
 from ..core.collator import Collator, collate as _collate_fn
-from . import auto as _auto, follow
-from .ring import ForeignRing, Ring, RingCollator
+from . import follow
+from . import autotune as _auto
+from .ring import ForeignRing, Ring, RingCollator, make_ring as _make_ring
 
 logger = logging.getLogger("fastcollate")
 _SIGNATURE = inspect.signature(tud.DataLoader.__init__)
-EXTRA_SLOTS = 5  # batches the consumer (current + previous) and a prefetcher (depth 2 + 1) hold
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -196,34 +196,6 @@ class _AtTorch(tud.DataLoader):
         if isinstance(self, _RingLoader):
             args, kwargs = self._at_torch(args, kwargs)
         super().__init__(*args, **kwargs)
-
-
-def _make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | None, max_bytes: int,
-               pin: bool) -> Ring | None:
-    slots = num_workers * (prefetch_factor or 2) + EXTRA_SLOTS
-    if slot_bytes:
-        slots = min(slots, max_bytes // slot_bytes)
-    else:
-        slot_bytes = max_bytes // slots
-    if slots < 2 or slot_bytes < 1:
-        logger.info("fastcollate.DataLoader: no ring (ring_max_bytes=%d holds fewer than 2 slots of %d bytes)",
-                    max_bytes, slot_bytes)
-        return None
-    return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
-
-
-def remake_ring(collate: Any, workers: int, prefetch_factor: int | None) -> None:
-    """The ring of a collator that a re-created loader shares with its auto loader, sized for the
-    auto mode's next setting (nothing where it has none, or it is another process's)."""
-    options = getattr(collate, "ring_options", None)
-    if not isinstance(collate, RingCollator) or options is None:
-        return
-    old = collate.ring
-    if not workers or not isinstance(old, Ring) or old.owner != os.getpid():
-        return  # with no workers the collator calls its inner in this process, ring or not
-    ring = _make_ring(workers, prefetch_factor, *options)
-    if ring is not None:
-        collate.ring = ring
 
 
 class DataLoader(_RingLoader, _AtTorch, tud.DataLoader[T_co]):

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from .ring import remake_ring
+
 logger = logging.getLogger("fastcollate")
 
 
@@ -126,8 +128,6 @@ def _followed_class(cls: type) -> type:
 
     def _auto_apply(self: Any, choice: Any) -> None:
         apply_choice(self, choice)
-        from .dataloader import remake_ring  # the ring is dataloader.py's
-
         remake_ring(self.collate_fn, choice.workers, choice.prefetch_factor)
 
     def auto_log(self: Any) -> list[Any]:

@@ -21,22 +21,25 @@ epoch.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 import uuid
-import weakref
 from typing import Any
 
 import torch
 
-from .. import _ext, _trace
+from .. import _ext
+from ..core import trace as _trace
 from ..core.collator import worker_arenas
 from ..core.shm import batch_arena, pid_alive, shared_segment
 from ..core.tree import iter_tensors
 from . import wire
+from .wire import RINGS
 from .pinning import FenceFactory, Fences, Registrations, cuda_fence
 
-_RINGS: "weakref.WeakValueDictionary[str, Ring]" = weakref.WeakValueDictionary()
+EXTRA_SLOTS = 5  # batches the consumer (current + previous) and a prefetcher (depth 2 + 1) hold
+
 SLOT_ALIGN = 64 << 10
 
 
@@ -94,7 +97,7 @@ class Ring:
         self.fenced = fence is not None
         self.fences = Fences(fence, functools.partial(_free_held, self.ctrl), keep=self.registrations) \
             if fence is not None else None
-        _RINGS[self.id] = self
+        RINGS[self.id] = self
 
     def __reduce__(self):
         from multiprocessing import context
@@ -203,7 +206,7 @@ class Ring:
 def fenced_slots(batch: Any) -> tuple[dict[Ring, set[int]], bool]:
     """The slots of this process's fenced rings that ``batch``'s CPU tensors lie in, and whether
     every CPU tensor of the batch lies in one."""
-    rings = [r for r in list(_RINGS.values()) if r.fences is not None and r.owner == _Pid.value]
+    rings = [r for r in list(RINGS.values()) if r.fences is not None and r.owner == _Pid.value]
     found: dict[Ring, set[int]] = {}
     covered = True
     for t in iter_tensors(batch):
@@ -224,11 +227,11 @@ def _worker_ring(state: dict[str, Any]) -> Ring:
     ring = Ring.__new__(Ring)
     ring.__dict__.update(state)
     ring.pin_requested, ring.registrations, ring.fences = False, None, None  # workers never lease
-    return _RINGS.setdefault(ring.id, ring)
+    return RINGS.setdefault(ring.id, ring)
 
 
 def _same_ring(ring_id: str) -> "Ring | ForeignRing":
-    ring = _RINGS.get(ring_id)
+    ring = RINGS.get(ring_id)
     return ring if ring is not None else ForeignRing(ring_id)
 
 
@@ -245,39 +248,6 @@ class ForeignRing:
 
     def __repr__(self) -> str:
         return f"ForeignRing({self.id[:8]})"
-
-
-def ring_at(base: int) -> str:
-    """The id of this process's ring whose segment starts at address ``base``."""
-    for ring in list(_RINGS.values()):
-        if ring.mem.data_ptr() == base:
-            return ring.id
-    raise RuntimeError(f"fastcollate ring: no ring of this process (pid {os.getpid()}) is mapped at {base:#x}")
-
-
-def _ring(ring_id: str) -> Ring:
-    ring = _RINGS.get(ring_id)
-    if ring is None:
-        raise RuntimeError(f"fastcollate ring: batch for ring {ring_id[:8]} arrived after its loader and every "
-                           f"copy of its collate_fn were gone (pid {os.getpid()})")
-    return ring
-
-
-def receive_slot(ring_id: str, slot: int, tag: int, nbytes: int) -> torch.Tensor:
-    """The main process's side of a sent ring slot (fastcollate.loader.wire): its lease, a uint8
-    tensor whose storage frees the slot when the batch's last view dies."""
-    ring = _ring(ring_id)
-    lease = ring.lease(slot, tag, nbytes)
-    ring.poll()
-    return lease
-
-
-def poll_ring(ring_id: str) -> None:
-    """A fenced ring's fallback batch arrived: free the slots whose fences completed (without
-    ring batches arriving, nothing else would)."""
-    ring = _RINGS.get(ring_id)
-    if ring is not None and _Pid.value == ring.owner:
-        ring.poll()
 
 
 class _SlotAlloc:
@@ -368,3 +338,33 @@ class RingCollator:
                 ring.count("hits")
                 ring.count("bytes", alloc.nbytes)
         return out
+
+
+def make_ring(num_workers: int, prefetch_factor: int | None, slot_bytes: int | None, max_bytes: int,
+              pin: bool) -> Ring | None:
+    """A ring for ``num_workers`` x ``prefetch_factor`` batches in flight and what a consumer and a
+    prefetcher hold, within ``max_bytes`` (None where that leaves fewer than 2 slots)."""
+    slots = num_workers * (prefetch_factor or 2) + EXTRA_SLOTS
+    if slot_bytes:
+        slots = min(slots, max_bytes // slot_bytes)
+    else:
+        slot_bytes = max_bytes // slots
+    if slots < 2 or slot_bytes < 1:
+        logging.getLogger("fastcollate").info("fastcollate.DataLoader: no ring (ring_max_bytes=%d holds fewer than 2 slots of %d bytes)",
+                    max_bytes, slot_bytes)
+        return None
+    return Ring(slots, slot_bytes, pin=pin and torch.cuda.is_available())
+
+
+def remake_ring(collate: Any, workers: int, prefetch_factor: int | None) -> None:
+    """The ring of a collator that a re-created loader shares with its auto loader, sized for the
+    auto mode's next setting (nothing where it has none, or it is another process's)."""
+    options = getattr(collate, "ring_options", None)
+    if not isinstance(collate, RingCollator) or options is None:
+        return
+    old = collate.ring
+    if not workers or not isinstance(old, Ring) or old.owner != os.getpid():
+        return  # with no workers the collator calls its inner in this process, ring or not
+    ring = make_ring(workers, prefetch_factor, *options)
+    if ring is not None:
+        collate.ring = ring

@@ -24,6 +24,7 @@ the main process receives -- a step of it is never skipped.
 from __future__ import annotations
 
 import os
+import weakref
 from multiprocessing import reduction
 from typing import Any
 
@@ -31,6 +32,11 @@ import torch
 
 from .. import _ext
 from ..core.shm import remember, sendable
+
+# this process's rings by id (fastcollate.loader.ring adds each): what a message names, the
+# receiving side finds here -- kept on this side of the queue so that the wire needs nothing
+# of the ring's module
+RINGS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 # Received arenas under this size are read into the main process's own (pooled) memory, larger
 # ones mapped. A mapping is one entry in the process's map table (vm.max_map_count, 65530 by
@@ -81,8 +87,6 @@ def _arena_of(t: torch.Tensor) -> Any:
     info = _ext._C.ring_claim_send(t) if _ext._C is not None else None
     if info is None:
         return None
-    from .ring import ring_at
-
     base, slot, tag, nbytes, _offset = info
     ref = _SentSlot(ring_at(base), slot, tag, nbytes)
     remember(storage, ref)  # the claim's other tensors find the same object (the storage is the claim's own)
@@ -98,8 +102,6 @@ class _SentSlot:
         self.ring_id, self.slot, self.tag, self.nbytes = ring_id, slot, tag, nbytes
 
     def __reduce__(self):
-        from .ring import receive_slot
-
         return (receive_slot, (self.ring_id, self.slot, self.tag, self.nbytes))
 
 
@@ -129,8 +131,6 @@ def receive_arena(dupfd: Any, nbytes: int, ring_id: str | None = None) -> torch.
     finally:
         os.close(fd)
     if ring_id is not None:
-        from .ring import poll_ring
-
         poll_ring(ring_id)  # a fenced ring frees the slots whose copies completed
     return arena
 
@@ -138,3 +138,36 @@ def receive_arena(dupfd: Any, nbytes: int, ring_id: str | None = None) -> torch.
 def _leaf(arena: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...],
           stride: tuple[int, ...]) -> torch.Tensor:
     return _ext._C.ring_view(arena, offset, dtype, list(shape), list(stride))
+
+
+def ring_at(base: int) -> str:
+    """The id of this process's ring whose segment starts at address ``base``."""
+    for ring in list(RINGS.values()):
+        if ring.mem.data_ptr() == base:
+            return ring.id
+    raise RuntimeError(f"fastcollate ring: no ring of this process (pid {os.getpid()}) is mapped at {base:#x}")
+
+
+def ring_by_id(ring_id: str) -> Any:
+    ring = RINGS.get(ring_id)
+    if ring is None:
+        raise RuntimeError(f"fastcollate ring: batch for ring {ring_id[:8]} arrived after its loader and every "
+                           f"copy of its collate_fn were gone (pid {os.getpid()})")
+    return ring
+
+
+def receive_slot(ring_id: str, slot: int, tag: int, nbytes: int) -> torch.Tensor:
+    """The main process's side of a sent ring slot: its lease, a uint8 tensor whose storage
+    frees the slot when the batch's last view dies."""
+    ring = ring_by_id(ring_id)
+    lease = ring.lease(slot, tag, nbytes)
+    ring.poll()
+    return lease
+
+
+def poll_ring(ring_id: str) -> None:
+    """A fenced ring's fallback batch arrived: free the slots whose fences completed (without
+    ring batches arriving, nothing else would)."""
+    ring = RINGS.get(ring_id)
+    if ring is not None and ring.owner == os.getpid():
+        ring.poll()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from .. import _trace
+from ..core import trace as _trace
 from ..core.tree import iter_tensors, map_tensors
 
 logger = logging.getLogger("fastcollate")

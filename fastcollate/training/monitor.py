@@ -1,6 +1,6 @@
 """StallMonitor: where a training loop's time goes -- waiting for data, copying it, computing --
 and, with ``trace=True``, which stage of the data pipeline the loop waits for: the per-batch
-trace across worker processes (fastcollate._trace), metrics per stage and worker, a diagnosis
+trace across worker processes (fastcollate.core.trace), metrics per stage and worker, a diagnosis
 that names the stage (training/diagnosis.py), and pictures (training/trace_export.py). Host
 times from perf_counter; GPU compute from CUDA events read lagged (query(), never a sync); H2D
 times from an attached CudaPrefetcher."""
@@ -14,10 +14,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .. import _trace
+from ..core import trace as _trace
 from ..tuning import node
-from . import diagnosis, trace_export
-from .diagnosis import DATA_BOUND_FRACTION
+from . import trace_export
+from ..doctor import diagnosis
+from ..doctor.diagnosis import DATA_BOUND_FRACTION
 
 class StallMonitor:
     """Measure a loop; ``report()`` says data-bound, copy-bound or compute-bound, with numbers,

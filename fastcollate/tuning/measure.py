@@ -57,7 +57,7 @@ MIN_RUN_S = 0.2  # a run shorter than this is repeated (a new loader each time) 
 
 def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[[Any], Any] | None = None,
                on_batch: Callable[[Any, Any], None] | None = None, min_s: float = MIN_RUN_S,
-               max_batches: int | None = None) -> Run:
+               max_batches: int | None = None, charge_s: list[float] | None = None) -> Run:
     """``epochs`` epochs of ``make_loader()`` (made inside the timing), ``step(batch)`` after each
     batch; ``on_batch(loader, batch)`` is called untimed-ish (for memory samples). The loader is
     dropped (its workers joined) inside the timing too: a user pays that as well.
@@ -65,7 +65,10 @@ def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[
     A run of a few milliseconds (a cheap dataset) is at the mercy of one preemption: it is made
     again, new loader and all, until the runs add up to ``min_s``; the rate is over all of them,
     ``epoch_s`` and ``first_batch_s`` are the first one's. ``max_batches``: each epoch stops after
-    that many batches (a time budget too small for whole epochs)."""
+    that many batches (a time budget too small for whole epochs). ``charge_s``: seconds added to
+    each epoch (by position) -- worker start-ups measured once elsewhere, where ``make_loader``
+    hands back a loader whose workers were started before (a spawn context's start-up is seconds:
+    paid in every round, it would be most of a measurement's time)."""
     gc.collect()
     samples = batches = 0
     epoch_s: list[float] = []
@@ -89,9 +92,9 @@ def run_epochs(make_loader: Callable[[], Iterable], epochs: int, step: Callable[
                 if max_batches is not None and k + 1 >= max_batches:
                     break
             if len(epoch_s) < epochs:
-                epoch_s.append(time.perf_counter() - e0)
+                epoch_s.append(time.perf_counter() - e0 + (charge_s[len(epoch_s)] if charge_s else 0.0))
         del loader
-        wall += time.perf_counter() - t0
+        wall += time.perf_counter() - t0 + (sum(charge_s[:epochs]) if charge_s else 0.0)
         if wall >= min_s or batches == 0:
             return Run(samples, batches, wall, epoch_s, first or 0.0)
 
@@ -158,12 +161,14 @@ MIN_DECISIVE_S = MIN_RUN_S  # a run this long (repeated up to it if need be) can
 def compare(arms: dict[str, Callable[[], Iterable]], epochs: int, step: Callable[[Any], Any] | None = None,
             base: str | None = None, min_rounds: int = 2, max_rounds: int = 5, budget_s: float | None = None,
             progress: Callable[[str], None] | None = None, decide_early: bool = True,
-            max_batches: int | None = None, fill: bool = False) -> dict[str, Arm]:
+            max_batches: int | None = None, fill: bool = False,
+            charge_s: dict[str, list[float]] | None = None) -> dict[str, Arm]:
     """Each arm (name -> loader factory) for ``epochs`` whole epochs per round, in alternating
     order, for at least ``min_rounds`` rounds and more (up to ``max_rounds``, inside
     ``budget_s``) while some arm's paired ratio against ``base`` is still undecided (rounds that
     disagree on which side of 1 it is) -- or, with ``fill``, as long as ``budget_s`` allows
-    another round (more rounds: a firmer spread). ``max_batches``: of each epoch (see run_epochs)."""
+    another round (more rounds: a firmer spread). ``max_batches``: of each epoch; ``charge_s``:
+    an arm's start-ups charged per epoch (both as in run_epochs)."""
     names = list(arms)
     out = {n: Arm(n) for n in names}
     t0 = time.monotonic()
@@ -172,7 +177,8 @@ def compare(arms: dict[str, Callable[[], Iterable]], epochs: int, step: Callable
         for name in order:
             if progress is not None:
                 progress(f"round {r + 1}: {name}")
-            out[name].runs.append(run_epochs(arms[name], epochs, step, max_batches=max_batches))
+            out[name].runs.append(run_epochs(arms[name], epochs, step, max_batches=max_batches,
+                                             charge_s=(charge_s or {}).get(name)))
         done = r + 1
         if done < min_rounds and not (decide_early and base is not None and base in out and len(names) > 1
                                       and all(paired(out[base], out[n])["win"] or paired(out[base], out[n])["loss"]

@@ -58,7 +58,7 @@ def cpu_seconds(pid: int) -> float | None:
 def available_bytes() -> int:
     """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit (the
     sample cache's own measure of it)."""
-    from ..data.cache import memory_available
+    from ..cache.cached import memory_available
 
     return memory_available()
 

@@ -64,7 +64,7 @@ def share(available_bytes: int | None = None, ranks: int | None = None) -> NodeS
     pinned = n > 1 and mine < online and mine * n <= online
     cores = mine if pinned else max(1, mine // n)
     if available_bytes is None:
-        from ..data.cache_memory import memory_available
+        from ..cache.room import memory_available
 
         available_bytes = memory_available()
     return NodeShare(ranks=n, local_rank=local, rank=rank, cores=cores, node_cores=mine if not pinned else online,

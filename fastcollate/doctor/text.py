@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from .doctor_words import over_rounds
+from .words import over_rounds
 
 WIDTH = 100  # findings wrapped to this many columns: a terminal's, and a README's code block
 

@@ -7,7 +7,7 @@ of int64 words -- 16 header words (shared counters, the allocator, the full flag
 per index (state, offset, length) -- and a data segment of ``max_bytes``. The first time index
 ``i`` is fetched (by any worker, or the main process), the fetching process claims entry ``i``
 (an atomic compare-and-swap: empty -> its pid), asks the dataset for the sample, serializes it
-(fastcollate.data.cache_codec: exact, a tensor view stores only the bytes it spans), reserves
+(fastcollate.cache.codec: exact, a tensor view stores only the bytes it spans), reserves
 room with the shared bump allocator, writes, and publishes the entry (release ordering: the bytes
 are visible to whoever sees the entry published). Afterwards any process reads it: a lookup is
 one atomic load (acquire); published -> the sample is rebuilt from the shared bytes as new
@@ -27,7 +27,7 @@ elsewhere) it becomes a new, empty cache over the unpickled dataset.
 One cache per node. Under a launcher that runs several ranks on a node (torchrun's
 ``LOCAL_WORLD_SIZE`` > 1), or given one ``group=``, the ranks that wrap the same dataset share
 one cache: the first to get there makes the segments (and computes the default ``max_bytes``:
-one budget for the node), the others map the same memfds (fastcollate.data.cache_node: a
+one budget for the node), the others map the same memfds (fastcollate.cache.per_node: a
 registry file per cache, the memfds opened through ``/proc/<pid>/fd`` of a live holder after an
 inode check). Every rank inserts what it fetches and every rank, and each of its workers, reads
 everything; the protocol is the one above (claims are pids, and a node's ranks share a pid
@@ -37,7 +37,7 @@ restart all the ranks at once, a keeper process holds the cache in between. The 
 same cache by key: ``name=``, else the dataset's type and how many node-wide Cached of that
 type the process made before it (a key that holds another type, length or explicit
 ``max_bytes`` is refused, naming both). Same type and length is not enough: the rank that makes
-the cache records the dataset's fingerprint (fastcollate.data.cache_identity: its attributes,
+the cache records the dataset's fingerprint (fastcollate.cache.identity: its attributes,
 arrays, file list and files' mtimes, hashed), and a rank whose fingerprint differs is refused with
 the parts that differ; where the fingerprint could only sample, a joining rank also compares a
 few cached samples with its own. ``key=`` names the content instead (different keys, different
@@ -45,7 +45,7 @@ caches). ``node=False`` keeps a cache private, ``node=True``
 shares outside a launcher too. ``stats()`` counts the whole node; its ``rank`` entry, this
 rank's own.
 
-A transparent wrapper (fastcollate.data.wrapper). Attributes Cached does not own are the
+A transparent wrapper (fastcollate.cache.wrapper). Attributes Cached does not own are the
 dataset's: ``ds.classes`` reads ``ds.dataset.classes``, ``ds.set_epoch(e)`` calls the dataset's,
 and ``ds.rng = ...`` (a ``worker_init_fn`` on ``get_worker_info().dataset``) sets it on the
 dataset. Cached owns ``dataset``, ``transform``, ``max_bytes`` and its cache's handles. A change
@@ -75,7 +75,7 @@ is then refused with a TypeError).
 
 Bounded. ``max_bytes`` (default: :func:`default_max_bytes`, half the memory available to the
 process when the cache is made -- for a node-wide cache, to the rank that makes it:
-fastcollate.data.cache_memory) caps the data segment, at most
+fastcollate.cache.room) caps the data segment, at most
 ``MAX_BYTES`` (2**46: the segment is mapped whole in every process). An entry costs its sample's
 serialized size rounded up to 64 bytes; the index costs 24 bytes per sample of the dataset,
 touched as it fills. A sample too big for the room left is refused alone (``refused_full``; it is
@@ -116,9 +116,10 @@ from torch.utils.data import Dataset, IterableDataset
 from .. import _ext
 from ..core.collator import disabled
 from ..core.shm import pid_alive, send_segment, shared_segment
-from . import cache_identity, cache_node
-from .cache_codec import ALIGN, Uncacheable, decode, encode
-from .cache_memory import DEFAULT_FRACTION, default_max_bytes, memory_available
+from . import identity as cache_identity
+from . import per_node as cache_node
+from .codec import ALIGN, Uncacheable, decode, encode
+from .room import DEFAULT_FRACTION, default_max_bytes, memory_available
 from .wrapper import DatasetWrapper
 
 __all__ = ["Cached", "default_max_bytes", "memory_available", "DEFAULT_FRACTION", "MAX_BYTES"]
@@ -207,7 +208,7 @@ class Cached(DatasetWrapper, Dataset):
         group: the ranks that share (default: ``FASTCOLLATE_CACHE_GROUP``, else the job the
             launcher names: ``TORCHELASTIC_RUN_ID``, ``MASTER_ADDR:MASTER_PORT``, SLURM's job).
         key: what the dataset is, in your words, for a node-wide cache: it replaces the
-            fingerprint the ranks otherwise compare (fastcollate.data.cache_identity), and
+            fingerprint the ranks otherwise compare (fastcollate.cache.identity), and
             different keys are different caches (a per-rank shard: ``key=f"shard-{rank}"``).
             Without it, a rank whose dataset differs from the cache's (same type and length,
             other content) is refused with the parts that differ, never served the other's samples.
@@ -218,7 +219,7 @@ class Cached(DatasetWrapper, Dataset):
     ``transform``, ``max_bytes`` and the cache's handles) are read from and set on ``dataset``.
     ``copy.copy`` shares the dataset and the cache; ``copy.deepcopy`` copies the dataset and
     makes a new, empty, private cache. Under torchrun the ranks of a node share one cache
-    (fastcollate.data.cache_node). The module's docstring (fastcollate.data.cache) says how, and
+    (fastcollate.cache.per_node). The module's docstring (fastcollate.cache.cached) says how, and
     what it costs.
 
     >>> import torch, fastcollate
@@ -230,7 +231,7 @@ class Cached(DatasetWrapper, Dataset):
     (1, 1, 1)
     """
 
-    # the wrapper's own attributes (fastcollate.data.wrapper): every other one is the dataset's
+    # the wrapper's own attributes (fastcollate.cache.wrapper): every other one is the dataset's
     _own_attributes = frozenset({"dataset", "transform", "max_bytes", "id", "entries", "ctrl", "data", "_local",
                                  "_node", *_LOCAL})
 

@@ -3,7 +3,7 @@ usual train transforms done with PIL/numpy (random resized crop, horizontal flip
 torchvision's ``PILToTensor()`` returns them -- a uint8 CHW view of HWC memory (no torchvision
 needed). The most common vision pipeline, and one where decoding is most of a sample's cost.
 
-``python -m fastcollate doctor --dataset fastcollate._bench.images:dataset`` diagnoses it.
+``python -m fastcollate doctor --dataset fastcollate._bench.image_bench:dataset`` diagnoses it.
 
 The JPEGs live in a temporary folder owned by a ``Folder`` object: every dataset made from it holds
 it, so the files last as long as a dataset that reads them, and are removed when the last one is
@@ -129,7 +129,7 @@ def dataset(n: int = 256, size: int = 320, crop: int = 224) -> ImageFolder:
 
 def augmented(n: int = 256, size: int = 320, crop: int = 224) -> ImageFolder:
     """The same JPEGs with a new random crop and flip at every fetch (``doctor --dataset
-    fastcollate._bench.images:augmented``): a training pipeline, which no cache may serve."""
+    fastcollate._bench.image_bench:augmented``): a training pipeline, which no cache may serve."""
     ds = dataset(n, size, crop)
     return ImageFolder(ds.items, crop, seed=None, folder=ds.folder)
 

@@ -71,7 +71,7 @@ def _blocked(off_cpu: float, at0: tuple[int, int], at1: tuple[int, int]) -> floa
     return off_cpu * voluntary / (voluntary + preempted) if voluntary > 0 else 0.0
 
 
-# the same clocks, for the loader's auto mode (fastcollate.loader.auto), which times its fetches
+# the same clocks, for the loader's auto mode (fastcollate.loader.autotune), which times its fetches
 # without the trace
 voluntary_switches = _voluntary_switches
 blocked_time = _blocked

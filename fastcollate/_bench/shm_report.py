@@ -1,5 +1,5 @@
 """`fastcollate doctor`'s environment report: how much /dev/shm there is and whether the loaders
-need it. (The doctor itself is fastcollate.training.doctor.)"""
+need it. (The doctor itself is fastcollate.doctor.diagnose.)"""
 from __future__ import annotations
 
 import os

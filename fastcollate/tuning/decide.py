@@ -1,6 +1,6 @@
 """The auto mode's decision (``fastcollate.DataLoader(num_workers="auto")``): from the measurements
 of the epoch that just ended, the setting of the next one. Pure: nothing runs here, so every
-decision is tested on made-up measurements (tests/test_auto.py); fastcollate.loader.auto measures
+decision is tested on made-up measurements (tests/test_auto.py); fastcollate.loader.autotune measures
 and applies.
 
 Hill-climbing with the doctor's model (fastcollate.tuning.model): the measured epoch becomes a
@@ -70,7 +70,7 @@ def transition(a: Choice, b: Choice) -> str:
 
 @dataclasses.dataclass
 class EpochMeasure:
-    """What one epoch measured (fastcollate.loader.auto fills it; tests make it up). Times are
+    """What one epoch measured (fastcollate.loader.autotune fills it; tests make it up). Times are
     sums over the epoch, in seconds.
 
     The consumer's side: ``wait_s`` inside ``next()``, ``step_s`` between batches (the loop's own

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing as mp
 import time
 from typing import Any, Callable
 
@@ -36,9 +37,9 @@ from ..core.collator import collate as fast_collate
 from ..tuning import load as machine_load, node
 from ..tuning import measure, model
 from ..tuning.memory import WorkerMemory
-from .doctor_look import Look, look, probe, replay_ceiling
-from .doctor_plan import limits, measuring_batches, plan
-from .doctor_proof import Proof, epoch_attribute, epoch_shared, prove, some_samples
+from .look import Look, look, probe, replay_ceiling
+from .plan import limits, measuring_batches, plan
+from .proof import Proof, epoch_attribute, epoch_shared, prove, some_samples
 
 KINDS = {"torch": "torch's DataLoader, default_collate", "torch+fastcollate": "torch's DataLoader, fastcollate.collate",
          "fastcollate": "fastcollate.DataLoader (the ring)"}
@@ -91,7 +92,7 @@ class Diagnosis:
         return "\n".join(yours + [f"loader = {cls}({ds}, {', '.join(args)})"])
 
     def __str__(self) -> str:
-        from .doctor_text import format_diagnosis
+        from .text import format_diagnosis
 
         return format_diagnosis(self)
 
@@ -146,12 +147,41 @@ class _Builder:
 
             ds = dataset
             if s.cache and not _is_cached(dataset):
-                from ..data.cache import Cached
+                from ..cache.cached import Cached
 
                 ds = Cached(dataset, node=node)
             cls = RingLoader if s.kind == "fastcollate" else tud.DataLoader
             return cls(ds, **self.settings(s))
         return build
+
+
+def _spawn_start_s(s: model.Setting, builder: _Builder, seen: Look,
+                   profiles: dict[tuple[str, bool], model.Profile], cores: int) -> float:
+    """Seconds setting ``s`` takes to start its workers where they start by spawn or forkserver (a
+    new interpreter that imports torch: a second or more; a fork is a tenth of that and is
+    measured as it comes): 0.0 where that does not apply or was not measured."""
+    if not s.num_workers:
+        return 0.0
+    ctx = builder.kwargs.get("multiprocessing_context")
+    method = ctx if isinstance(ctx, str) or ctx is None else ctx.get_start_method()
+    if method is None:
+        # the platform's default, without fixing it (get_context() would)
+        method = mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]
+    if method == "fork":
+        return 0.0
+    ref = seen.profile if seen.profile.workers else profiles.get((s.kind, True))
+    if ref is None or ref.start_s <= 0:
+        return 0.0
+    return model.start_cost(ref.start_s, ref.start_workers, s.num_workers, cores)
+
+
+def _start(loaders: list[Any]) -> None:
+    """Starts the workers of ``loaders`` (persistent workers) side by side, one batch taken from
+    each and the pass left (the next iter() resets the workers to a new epoch, as torch does for
+    persistent workers)."""
+    passes = [iter(loader) for loader in loaders]  # each starts its processes: they import at once
+    for it in passes:
+        next(it, None)
 
 
 def _kinds(user_collate: Any, base_kind: str) -> list[str]:
@@ -207,7 +237,7 @@ def _int(v: Any) -> int | None:
 
 
 def _is_cached(dataset: Any) -> bool:
-    from ..data.cache import Cached
+    from ..cache.cached import Cached
 
     return isinstance(dataset, Cached)
 
@@ -335,9 +365,24 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
     pl = plan(base, profiles, work, lim, slow_batches=any(seen.spikes_s))
     picks = pl.picks
 
-    arms: dict[str, Callable[[], Any]] = {"yours": builder.make(base, dataset)}
-    for i, s in enumerate(picks):
-        arms[f"candidate {i + 1}"] = builder.make(s, dataset)
+    arms: dict[str, Callable[[], Any]] = {}
+    charges: dict[str, list[float]] = {}
+    kept: list[Any] = []
+    for name, s in [("yours", base)] + [(f"candidate {i + 1}", s) for i, s in enumerate(picks)]:
+        start = _spawn_start_s(s, builder, seen, profiles, cores) if verify else 0.0
+        if start:
+            # workers that start a new interpreter: started once here, kept over the rounds, and
+            # each round charged the start-ups the setting pays (once, or once an epoch when not
+            # persistent) -- measured once, by the look or a probe
+            charges[name] = [start] * epochs if not s.persistent_workers else [start] + [0.0] * (epochs - 1)
+            kept.append(builder.make(dataclasses.replace(s, persistent_workers=True), dataset)())
+            arms[name] = lambda loader=kept[-1]: loader
+        else:
+            arms[name] = builder.make(s, dataset)
+    if charges:
+        _start(kept)
+        say(f"workers started by {builder.kwargs.get('multiprocessing_context')!s}: started once, "
+            f"{charges.get('yours', [0.0])[0]:.2f} s each start (measured) charged to the rounds")
     measured: dict[str, measure.Arm] = {}
     cut = None  # batches of each epoch the measuring rounds ran (None: whole epochs)
     if verify:
@@ -354,9 +399,10 @@ def doctor(dataset: Any, *, batch_size: int, epochs: int = 2, step: Callable[[An
             measured = measure.compare(arms, epochs, step, base="yours", min_rounds=2,
                                        max_rounds=3 if budget_s is None else 50, budget_s=left,
                                        progress=lambda m: say("  " + m), max_batches=cut,
-                                       fill=budget_s is not None)
+                                       fill=budget_s is not None, charge_s=charges)
+    del arms, kept  # the kept loaders' workers end here
 
-    from .doctor_words import Facts, bottleneck_of, changes, findings
+    from .words import Facts, bottleneck_of, changes, findings
 
     chosen, verdict = base, None
     if measured and picks:
@@ -413,7 +459,7 @@ def _cache_verdict(proof: Proof, dataset: Any, loader_kwargs: dict[str, Any], ba
                    work: model.Workload, files_static: bool) -> tuple[str, str, int]:
     """("yes" | "conditional" | "no", why, bytes the cache needs) from the proof; where the cache
     may be named at all, its read and write costs are measured on a few samples (into ``work``)."""
-    from ..data.cache import Cached, default_max_bytes
+    from ..cache.cached import Cached, default_max_bytes
 
     if not (proof.cacheable(files_static) or proof.conditional(files_static)):
         return "no", proof.why, 0

@@ -56,7 +56,7 @@ import torch
 
 from ..core.launcher import int_env, local_ranks
 from ..core.shm import map_fd, pid_alive, process_start, segment_fd
-from .cache_identity import Fingerprint, fingerprint
+from .identity import Fingerprint, fingerprint
 
 __all__ = ["NodeCache", "Unreachable", "group_for", "key_for", "open_node", "registry_dir", "local_world_size"]
 
@@ -447,7 +447,7 @@ def open_node(group: str, key: str, dataset: Any, entries: int, max_bytes: int |
     ``max_bytes`` None: the cache's own, or ``default_max_bytes()`` computed here when this
     process makes it. ``make(max_bytes)`` makes new, initialized segments (called with the
     registry locked, so one process of the node makes the cache). ``identity``: the dataset's
-    fingerprint (fastcollate.data.cache_identity; computed here when None); a user-given key in
+    fingerprint (fastcollate.cache.identity; computed here when None); a user-given key in
     it is part of the cache's name. Raises ValueError when the key holds another dataset (another
     type, length, max_bytes or fingerprint), Unreachable when live holders cannot be opened from
     here. ``handle.check``: the fingerprints could only sample, so the caller should spot-check

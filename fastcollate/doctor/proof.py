@@ -18,7 +18,7 @@ it always. The proof here:
   (different torch, numpy and ``random`` seeds, as torch gives each worker) and once more in the
   main process under other seeds; then, where the time allowed covers it, *every* index twice
   more, in other batches and another order. Each fetch is reduced, in the process that fetched it,
-  to a digest of exactly what the cache would store (fastcollate.data.cache_codec: types, dtypes,
+  to a digest of exactly what the cache would store (fastcollate.cache.codec: types, dtypes,
   shapes, strides, bytes). One difference anywhere is proof of randomness.
 * What cannot be proven is never proposed as a change -- only named in a conditional line that
   says what the user must know to be true: when only the sample was checked (the whole dataset
@@ -153,7 +153,7 @@ def spread(n: int, k: int) -> list[int]:
 def digest(sample: Any) -> tuple[str, int]:
     """(a digest of what the cache would store for sample, its bytes there); ("!why", 0) when the
     cache cannot store it."""
-    from ..data.cache_codec import ALIGN, encode
+    from ..cache.codec import ALIGN, encode
 
     try:
         blob = encode(sample)

@@ -1,6 +1,6 @@
 """``fastcollate.DataLoader(num_workers="auto")``: the loader's side of the auto mode -- the cheap,
 always-on measurements of each epoch and the changes made between epochs. The decision itself is
-fastcollate.tuning.auto's (pure, on measurements in hand).
+fastcollate.tuning.decide's (pure, on measurements in hand).
 
 What is measured, and what it costs:
 
@@ -42,9 +42,10 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils import fetch as _tfetch
 
-from .. import _trace
+from ..core import trace as _trace
 from . import follow
-from ..tuning import auto as plan, load, node, spikes
+from ..tuning import load, node, spikes
+from ..tuning import decide as plan
 from ..tuning.measure import batch_len
 from ..tuning.memory import private_mb
 
@@ -378,7 +379,7 @@ class WorkerInit:
 # ---- the tuner ----------------------------------------------------------------------------------
 
 class AutoTuner:
-    """Held by an auto loader: measures each epoch, asks ``decide`` (fastcollate.tuning.auto.decide;
+    """Held by an auto loader: measures each epoch, asks ``decide`` (fastcollate.tuning.decide.decide;
     tests give their own) for the next epoch's setting at each ``__iter__``, logs every decision
     (``log``: the records) and has the loader apply it."""
 

@@ -14,11 +14,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import _trace
+from ..core import trace as _trace
 from ..tuning import model
 from ..tuning.measure import batch_len
 from ..tuning.memory import WorkerMemory, cpu_seconds, worker_pids
-from .monitor import StallMonitor, batch_info
+from ..training.monitor import StallMonitor, batch_info
 
 
 @dataclasses.dataclass

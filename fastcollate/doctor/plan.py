@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from ..tuning import model
-from .doctor_words import MIN_GAIN
+from .words import MIN_GAIN
 
 
 @dataclasses.dataclass
