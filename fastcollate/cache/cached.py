@@ -57,7 +57,7 @@ empty, private cache of the same ``max_bytes`` -- the copy's dataset may diverge
 "val"``), so it must not be served the original's samples.
 
 Exact. A cached sample equals the one the dataset returned the first time: types, dtypes, shapes,
-strides, requires_grad, bytes, and Python objects as pickle gives them (cache_codec lists what
+strides, requires_grad, bytes, and Python objects as pickle gives them (codec.py lists what
 comes back how, and what is refused). A sample that cannot be stored exactly is never cached: it
 is fetched from the dataset every time (counted in ``uncacheable``). Cached caches *whatever the
 first fetch returned*: wrap only a deterministic dataset (one whose ``dataset[i]`` is the same

@@ -5,10 +5,10 @@
    process's and the workers', from the kernel's clocks), how long fetches wait off the CPU, the
    workers' start-up, their private memory, the batches an epoch really has. Short probes measure
    the same for what the user does not run now (main-process loading, workers, fastcollate's
-   collate or ring). Where a cache could serve, the proof (doctor_proof) fetches the loader's
+   collate or ring). Where a cache could serve, the proof (proof.py) fetches the loader's
    indices in several contexts under several seeds, and the cache's costs are measured.
 2. Predict: the model (fastcollate.tuning.model) gives samples/s for every setting the doctor
-   may propose (doctor_plan: nothing that changes a batch; workers within this rank's share of
+   may propose (plan.py: nothing that changes a batch; workers within this rank's share of
    the node's cores, beyond them where fetches wait, within memory) and the best one or two are
    kept. Nothing is run for the rest.
 3. Prove: the user's settings and those candidates run side by side, whole epochs with the

@@ -92,9 +92,9 @@ class Facts:
     batched: bool = False
     cuda: bool = False
     pinned: bool = False
-    limits: Any = None             # doctor_plan.Limits
+    limits: Any = None             # plan.Limits
     conditional: tuple[float, model.Setting] | None = None
-    proof: Any = None              # doctor_proof.Proof
+    proof: Any = None              # proof.Proof
     share: Any = None              # fastcollate.tuning.node.NodeShare
     load: dict[str, Any] | None = None
     cut: int | None = None         # batches of each epoch measured (None: whole epochs)

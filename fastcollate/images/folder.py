@@ -111,8 +111,8 @@ class ImageFolder(Dataset):
         self.stats_ = Stats()
 
     def _fastcollate_identity(self) -> Any:
-        """What its samples depend on, for the node cache's fingerprint (fastcollate.data.
-        cache_identity): not the epoch, counters or this process's notes."""
+        """What its samples depend on, for the node cache's fingerprint
+        (fastcollate.cache.identity): not the epoch, counters or this process's notes."""
         return (self.root, self.transform, self.seed, self.extensions, self.max_pixels, self.samples)
 
     # -- the epoch
