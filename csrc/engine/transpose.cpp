@@ -77,15 +77,38 @@ bool have_ssse3() {
   static const bool yes = __builtin_cpu_supports("ssse3");
   return yes;
 }
+
+__attribute__((target("ssse3"))) void reverse_ssse3(uint8_t* d, int64_t n) {
+  const __m128i back = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  int64_t i = 0, j = n;
+  for (; j - i >= 32; i += 16, j -= 16) {  // swap the 16 bytes at each end, each reversed
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + j - 16));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm_shuffle_epi8(b, back));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j - 16), _mm_shuffle_epi8(a, back));
+  }
+  std::reverse(d + i, d + j);
+}
 #endif
+
+void deinterleave3(const uint8_t* s, uint8_t* d0, uint8_t* d1, uint8_t* d2, int64_t n) {
+#ifdef FASTCOLLATE_X86
+  if (have_ssse3()) return deinterleave3_ssse3(s, d0, d1, d2, n);
+#endif
+  deinterleave3_scalar(s, d0, d1, d2, n, 0);
+}
+
+void reverse_bytes(uint8_t* d, int64_t n) {
+#ifdef FASTCOLLATE_X86
+  if (have_ssse3()) return reverse_ssse3(d, n);
+#endif
+  std::reverse(d, d + n);
+}
 
 void run_piece(const TransposePiece& p, uint8_t* base) {
   if (p.elem_size == 1 && p.rows == 3 && p.row_stride == 1 && p.col_stride == 3) {
     uint8_t* d = base + p.dst_offset;
-#ifdef FASTCOLLATE_X86
-    if (have_ssse3()) return deinterleave3_ssse3(p.src, d, d + p.cols, d + 2 * p.cols, p.cols);
-#endif
-    return deinterleave3_scalar(p.src, d, d + p.cols, d + 2 * p.cols, p.cols, 0);
+    return deinterleave3(p.src, d, d + p.cols, d + 2 * p.cols, p.cols);
   }
   switch (p.elem_size) {
     case 1: return transpose_blocked<uint8_t>(p, base);
@@ -96,6 +119,18 @@ void run_piece(const TransposePiece& p, uint8_t* base) {
 }
 
 }  // namespace
+
+void hwc3_to_chw(const uint8_t* src, int64_t row_stride, int64_t rows, int64_t cols, uint8_t* dst, bool flip) {
+  const int64_t plane = rows * cols;
+  if (!flip && row_stride == 3 * cols) return deinterleave3(src, dst, dst + plane, dst + 2 * plane, plane);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* d = dst + r * cols;
+    deinterleave3(src + r * row_stride, d, d + plane, d + 2 * plane, cols);
+    if (flip) {
+      for (int c = 0; c < 3; ++c) reverse_bytes(d + c * plane, cols);
+    }
+  }
+}
 
 bool as_transpose(const int64_t* sizes, const int64_t* strides, int ndim, size_t elem_size, TransposePiece* out) {
   if (elem_size != 1 && elem_size != 2 && elem_size != 4 && elem_size != 8) return false;

@@ -24,6 +24,10 @@ struct TransposePiece {
 // true and *out filled (src and dst_offset left to the caller), or false.
 bool as_transpose(const int64_t* sizes, const int64_t* strides, int ndim, size_t elem_size, TransposePiece* out);
 
+// rows x cols pixels of 3-channel uint8 HWC at src (row_stride bytes apart) into the 3 planes of
+// a contiguous CHW block at dst, each row reversed if flip: the image stage's last step.
+void hwc3_to_chw(const uint8_t* src, int64_t row_stride, int64_t rows, int64_t cols, uint8_t* dst, bool flip);
+
 // Runs every piece, spread over up to num_threads threads (the caller is one).
 void transpose_pieces(const std::vector<TransposePiece>& pieces, uint8_t* base, int num_threads);
 
