@@ -1,13 +1,20 @@
 """The image stage against torch's DataLoader + Pillow (the torchvision v1 path), a 40-line Python
 prototype (simplejpeg + torch's antialiased interpolate in threads) and the peers installed
-(Pillow-SIMD is Pillow here if it is what is installed; DALI's CPU pipeline; SPDL), on the same
+(Pillow-SIMD in a child process, given its folder; DALI's CPU pipeline; SPDL), on the same
 files, cores and batch size; then the stage alone (1 vs 2 threads, CPU per image against the
 floor: decoding the box's region plus the resize, measured alone). One interleaved run: each
 round runs every contender once, in turn; the table gives the median images/s and the median of
 the per-round ratios to the baseline.
 
     python benchmarks/images.py --photos imagenet --markdown docs/benchmarks/images.md
-    python benchmarks/images.py --photos 12mp --n 64 --rounds 3
+    python benchmarks/images.py --photos 12mp --n 256 --rounds 3
+
+Pillow-SIMD replaces Pillow, which the tests take as the reference, so it lives in a folder of its
+own and runs the v1 path in a child process whose PIL is that folder's:
+
+    pip download --no-deps --no-binary :all: pillow-simd
+    CC="cc -mavx2" pip install --no-deps --target /tmp/pillow-simd pillow_simd-*.tar.gz
+    python benchmarks/images.py --photos imagenet --pillow-simd /tmp/pillow-simd
 
 A benchmark, not a test: nothing here asserts a speed.
 """
@@ -19,6 +26,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +40,7 @@ import fastcollate
 import fastcollate.images as fi
 
 SIZES = {"imagenet": (375, 500), "12mp": (3024, 4032)}
+WORKERS = 2  # num_workers of the worker loaders (their names say 2); the threads of the others are 2 as well
 
 
 def write_photos(root: str, n: int, hw: tuple[int, int], classes: int = 8, seed: int = 0) -> None:
@@ -160,6 +169,46 @@ def spdl_epoch(samples, size: int, batch: int, threads: int):
     return run
 
 
+def pillow_simd_epoch(root: str, size: int, batch: int, site: str):
+    """torch + the v1 path, as the baseline, in a child process that imports PIL from `site` (a
+    Pillow-SIMD install). The child keeps its loader's imports warm between rounds; each round
+    asks it for one epoch over a pipe and times the answer."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.path.dirname(os.path.abspath(__file__)),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-v1", root, "--batch", str(batch)],
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ready = child.stdout.readline().split()
+    if ready[:1] != ["ready"]:
+        child.kill()
+        raise RuntimeError(f"the Pillow-SIMD child did not start: {ready}")
+    if not os.path.abspath(ready[2]).startswith(os.path.abspath(site)):
+        child.kill()
+        raise RuntimeError(f"the child's PIL is {ready[2]}, not the one in {site}")
+    run_epoch = _child_epoch(child)
+    run_epoch.name = f"torch + Pillow-SIMD {ready[1]} v1, 2 workers"
+    return run_epoch
+
+
+def _child_epoch(child: subprocess.Popen):
+    def run() -> int:
+        child.stdin.write("epoch\n")
+        child.stdin.flush()
+        return int(child.stdout.readline())
+    return run
+
+
+def serve_v1(root: str, size: int, batch: int) -> None:
+    """The child's side: one epoch of the v1 loader for each line read, its image count written back."""
+    import PIL
+
+    samples = fi.ImageFolder(root).samples
+    v1 = V1Folder(samples, size)
+    print("ready", PIL.__version__, os.path.dirname(PIL.__file__), flush=True)
+    for _ in sys.stdin:
+        n = sum(len(y) for _, y in DataLoader(v1, batch_size=batch, shuffle=True, num_workers=WORKERS))
+        print(n, flush=True)
+
+
 _EPOCH = [0]
 
 
@@ -172,17 +221,17 @@ def loader_epoch(loader) -> int:
 
 # ---- the run ----------------------------------------------------------------------------------------
 
-def contenders(root: str, size: int, batch: int, mode: str, peers: bool) -> dict:
+def contenders(root: str, size: int, batch: int, mode: str, peers: bool, simd: str | None = None) -> dict:
     exact = fi.ImageFolder(root, transform=fi.RandomResizedCrop(size, flip=0.5))
     fast = fi.ImageFolder(root, transform=fi.RandomResizedCrop(size, flip=0.5, mode="fast"))
     v1 = V1Folder(exact.samples, size)
     out = {"torch + Pillow v1, 2 workers": lambda: loader_epoch(DataLoader(v1, batch_size=batch, shuffle=True,
-                                                                           num_workers=2))}
+                                                                           num_workers=WORKERS))}
     if mode in ("exact", "both"):
         out["fastcollate exact, 2 threads"] = lambda: loader_epoch(fastcollate.DataLoader(exact, batch_size=batch,
                                                                                           shuffle=True))
         out["fastcollate exact, 2 workers"] = lambda: loader_epoch(fastcollate.DataLoader(
-            exact, batch_size=batch, shuffle=True, num_workers=2))
+            exact, batch_size=batch, shuffle=True, num_workers=WORKERS))
     if mode in ("fast", "both"):
         out["fastcollate fast, 2 threads"] = lambda: loader_epoch(fastcollate.DataLoader(fast, batch_size=batch,
                                                                                          shuffle=True))
@@ -192,6 +241,9 @@ def contenders(root: str, size: int, batch: int, mode: str, peers: bool) -> dict
         out["Python prototype, 2 threads"] = lambda: prototype_epoch(exact.samples, size, batch, 2)
     except ImportError:
         print("skipped: the Python prototype (pip install simplejpeg)", flush=True)
+    if simd:
+        run = pillow_simd_epoch(root, size, batch, simd)
+        out[run.name] = run
     if peers:
         for name, make in (("DALI CPU (fused ROI decode), 2 threads", lambda: dali_epoch(root, size, batch, 2)),
                            ("SPDL, 2 threads", lambda: spdl_epoch(exact.samples, size, batch, 2))):
@@ -235,6 +287,38 @@ def stage_alone(root: str, size: int, batch: int) -> list[str]:
     return rows
 
 
+def fast_floor(root: str, size: int, batch: int, base_rate: float) -> list[str]:
+    """What bounds fast mode: libjpeg-turbo must entropy-decode every row down to a box's last row
+    (Huffman data cannot be skipped without decoding it). Measured alone for the same boxes -- a
+    16 x 16 region at each box's last rows, which costs the entropy decoding above it and next to
+    nothing else -- against the stage's CPU per image; then the rate the cores would give if the
+    stage cost only that, against the baseline."""
+    from fastcollate import _ext
+
+    ds = fi.ImageFolder(root, transform=fi.RandomResizedCrop(size, flip=0.5, mode="fast"))
+    idx = list(range(min(len(ds), batch)))
+    srcs = ds._sources(idx, 1)
+    plans = [ds.transform.plan(ds._box(i, s.height, s.width, 0), s.height, s.width, s.engine) for i, s in zip(idx, srcs)]
+    stage = floor = float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        ds._decode(idx, None, 1, batch=False)
+        stage = min(stage, time.process_time() - c0)
+        c0 = time.process_time()
+        for s, p in zip(srcs, plans):
+            last = p.box.top + p.box.height
+            top, left = max(0, last - 16), max(0, min(p.box.left, s.width - 16))
+            _ext._C.jpeg_decode(s.data, 1, top, left, min(16, last), min(16, s.width), True)
+        floor = min(floor, time.process_time() - c0)
+    n = len(idx)
+    bound = (os.cpu_count() or 1) * n / floor
+    down = sum((p.box.top + p.box.height) / s.height for s, p in zip(srcs, plans)) / n
+    return [f"- fast mode's CPU per image: the stage {stage / n * 1e3:.2f} ms; entropy-decoding down to each box's last "
+            f"row alone {floor / n * 1e3:.2f} ms (the boxes end {down:.0%} of the way down, on average). A stage that "
+            f"cost only that would give at most {bound:.0f} images/s on {os.cpu_count()} cores: {bound / base_rate:.1f}x "
+            f"the baseline's median"]
+
+
 def fast_distance(root: str, size: int, n: int = 64) -> str:
     """How far mode="fast" is from exact on these photos: each fast sample against the exact
     pipeline on the same box (``crop_box``: fast mode snaps a box to the scaled grid), as mean
@@ -274,7 +358,16 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--markdown", help="append the table to this file")
     ap.add_argument("--distance", action="store_true", help="only fast mode's distance from exact")
+    ap.add_argument("--pillow-simd", metavar="DIR", help="a folder holding a Pillow-SIMD install (pip install --target)")
+    ap.add_argument("--serve-v1", metavar="ROOT", help=argparse.SUPPRESS)  # the Pillow-SIMD child
     args = ap.parse_args()
+    if not args.serve_v1 and args.n // args.batch < 2 * WORKERS:
+        # with fewer batches the baseline's workers (and ours) sit idle: a ratio that measures that
+        ap.error(f"--n {args.n} --batch {args.batch} makes {args.n // args.batch} full batches; the loaders' "
+                 f"{WORKERS} workers need {2 * WORKERS} or more (2 each) to all work: --n {2 * WORKERS * args.batch}")
+    if args.serve_v1:
+        torch.set_num_threads(1)
+        return serve_v1(args.serve_v1, 224, args.batch)
     hw = SIZES[args.photos]
     root = os.path.join(tempfile.gettempdir(), f"fastcollate-photos-{args.photos}-{args.n}")
     print(f"writing/reusing {args.n} {hw[1]}x{hw[0]} JPEGs in {root}", flush=True)
@@ -283,7 +376,7 @@ def main() -> None:
         print(fast_distance(root, 224))
         return
     torch.set_num_threads(1)  # the loaders' parallelism is theirs; torch's own threads would compete
-    runs = contenders(root, 224, args.batch, args.mode, not args.no_peers)
+    runs = contenders(root, 224, args.batch, args.mode, not args.no_peers, args.pillow_simd)
     for run in runs.values():  # warm: files in the page cache, imports, pools
         run()
     load0 = os.getloadavg()
@@ -295,8 +388,9 @@ def main() -> None:
             rates[name].append(n / (time.perf_counter() - t0))
             print(f"round {r + 1}: {name}: {rates[name][-1]:.1f} images/s", flush=True)
     base = next(iter(rates))
+    simd = f" --pillow-simd {args.pillow_simd}" if args.pillow_simd else ""
     lines = [f"`python benchmarks/images.py --photos {args.photos} --n {args.n} --batch {args.batch} --rounds "
-             f"{args.rounds} --mode {args.mode}` on {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+             f"{args.rounds} --mode {args.mode}{simd}` on {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
              f"torch {torch.__version__}, Python {platform.python_version()}, fastcollate's JPEG stage "
              f"{'compiled' if fi.available() else 'absent'}; load average {load0[0]:.2f} before, "
              f"{os.getloadavg()[0]:.2f} after.", "",
@@ -308,6 +402,8 @@ def main() -> None:
                      f"({min(ratios):.2f}-{max(ratios):.2f}) |")
     lines.append("")
     lines += stage_alone(root, 224, args.batch)
+    if args.mode in ("fast", "both"):
+        lines += fast_floor(root, 224, args.batch, statistics.median(rates[base]))
     lines.append(fast_distance(root, 224))
     text = "\n".join(lines)
     print(text)
