@@ -348,6 +348,36 @@ def test_the_trace_names_the_decode_the_datasets_work(folder):
     assert stages["fetch"]["total_s"] > 5 * stages["collate"]["total_s"], stages  # decoded in the collate hook
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_trace_shows_reading_decoding_and_resizing_inside_the_fetch_and_counts_fallbacks(folder, workers, tmp_path):
+    import json
+
+    ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(32))
+    pillow_decoded = sum(not s.engine for s in ds._sources(list(range(len(ds))), 1))
+    assert 0 < pillow_decoded < len(ds)  # the folder holds files only Pillow decodes
+    mon = fastcollate.StallMonitor(trace=True)
+    for _ in mon.wrap(fastcollate.DataLoader(ds, batch_size=7, num_workers=workers, timeout=120 if workers else 0)):
+        with mon.compute():
+            pass
+    r = mon.report()
+    parts, batches = r["fetch_parts"], -(-len(ds) // 7)
+    assert (parts["batches"], parts["images"], parts["fallbacks"]) == (batches, len(ds), pillow_decoded), parts
+    assert set(parts["wall_ms"]) == {"read files", "decode + resize"} and min(parts["wall_ms"].values()) > 0
+    assert parts["decode_cpu_ms"] > 0 and parts["resize_cpu_ms"] > 0
+    text = mon.format(r)
+    assert "inside the fetch, a batch: read files " in text and f"{pillow_decoded} of {len(ds)} images decoded by Pillow" in text
+    with open(mon.save_trace(str(tmp_path / "trace.json"))) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    fetches = {(e["args"]["epoch"], e["args"]["index"]): e for e in events if e["name"] == "fetch"}
+    for name in ("read files", "decode + resize"):
+        inner = [e for e in events if e["name"] == name]
+        assert len(inner) == batches, name
+        for e in inner:  # nested: inside its batch's fetch, on the same track
+            f = fetches[e["args"]["epoch"], e["args"]["index"]]
+            assert (f["pid"], f["tid"]) == (e["pid"], e["tid"]) and f["ts"] <= e["ts"]
+            assert e["ts"] + e["dur"] <= f["ts"] + f["dur"] + 1e-3, (e, f)
+
+
 def test_the_example_trains_on_an_image_folder():
     import subprocess
     import sys

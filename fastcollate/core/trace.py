@@ -85,7 +85,7 @@ class Record:
     """One batch's life. ``spans``: stage -> (start, end), perf_counter seconds."""
 
     __slots__ = ("loader", "epoch", "index", "worker", "pid", "tid", "spans", "samples", "slowest",
-                 "ring", "nbytes", "h2d_ms", "gpu_ms", "fetch_cpu_s", "fetch_blocked_s")
+                 "ring", "nbytes", "h2d_ms", "gpu_ms", "fetch_cpu_s", "fetch_blocked_s", "parts")
 
     def __init__(self, loader: int, epoch: int, index: int) -> None:
         self.loader, self.epoch, self.index = loader, epoch, index
@@ -101,6 +101,9 @@ class Record:
         # sleeps) -- the rest of its wall time is the scheduler's (other processes ran)
         self.fetch_cpu_s: float | None = None
         self.fetch_blocked_s: float | None = None
+        # the fetch's own stages, where the dataset reports them (fastcollate.images: reading the
+        # files, then decode + resize in the engine): {"spans": [(name, t0, t1)], "<count>": n}
+        self.parts: dict[str, Any] | None = None
 
     @property
     def id(self) -> tuple[int, int]:
@@ -136,6 +139,8 @@ class Tracer:
             self.stages = {s: _Stage(self.capacity) for s in STAGES}
             self.errors: collections.Counter = collections.Counter()
             self.workers: dict[int, dict[str, Any]] = {}   # pid -> id, batches, busy_s, first, last
+            # the fetches' own stages, summed: "<name>_s" wall seconds, and the counts reported
+            self.parts: collections.Counter = collections.Counter()
             self.t0 = now()
             self.delivered = 0
 
@@ -152,6 +157,16 @@ class Tracer:
     def span(self, rec: Record, stage: str, t0: float, t1: float) -> None:
         rec.spans[stage] = (t0, t1)
         self.stages[stage].add(max(0.0, t1 - t0))
+
+    def add_parts(self, rec: Record, parts: dict[str, Any]) -> None:
+        rec.parts = parts
+        with self.lock:
+            self.parts["batches"] += 1
+            for name, t0, t1 in parts.get("spans", ()):
+                self.parts[f"{name}_s"] += max(0.0, t1 - t0)
+            for key, value in parts.items():
+                if key != "spans":
+                    self.parts[key] += value
 
     def worker_busy(self, pid: int, worker: int, t0: float, t1: float) -> None:
         w = self.workers.get(pid)
@@ -173,7 +188,7 @@ _delivered_count = [0]
 _state = threading.local()  # per thread: the iterator being advanced, the last batch id it delivered
 # what the collate of this process's current batch said: (kind, nbytes, seconds of the dataset's
 # own work it did: an image batch decoded inside the collate, into its arena)
-_collate_info: list = [None, 0, 0.0]
+_collate_info: list = [None, 0, 0.0, None]  # ... and the fetch's parts (note_fetch_part)
 _enabled = False
 _originals: dict[tuple[type, str], Any] = {}
 
@@ -200,6 +215,20 @@ def note_dataset_work(seconds: float) -> None:
     """The collate did ``seconds`` of the dataset's work (fastcollate.images decodes a batch
     inside the collate, straight into its arena): the trace counts them as the fetch's."""
     _collate_info[2] += seconds
+
+
+def note_fetch_part(name: str, t0: float, t1: float, **counts: float) -> None:
+    """A stage inside this process's current fetch -- ``name`` ran from t0 to t1 -- and counts to
+    add up (CPU seconds over a pool's threads, images, fallbacks): the trace shows it nested in
+    the fetch, and the monitor's report sums it. Free when tracing is off."""
+    if not _enabled:
+        return
+    parts = _collate_info[3]
+    if parts is None:
+        parts = _collate_info[3] = {"spans": []}
+    parts["spans"].append((name, t0, t1))
+    for key, value in counts.items():
+        parts[key] = parts.get(key, 0) + value
 
 
 def span(batch_id: tuple[int, int, int], stage: str, t0: float, t1: float) -> None:
@@ -272,7 +301,7 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
     t0, cpu0, vol0 = now(), cpu_now(), _voluntary_switches()
     marks: list[Any] = [0.0, 0.0, 0.0, (0, 0)]  # collate start, end; the fetch's CPU clock and switches at its end
     collate_fn = self.collate_fn
-    _collate_info[0], _collate_info[2] = None, 0.0
+    _collate_info[0], _collate_info[2], _collate_info[3] = None, 0.0, None
 
     def timed_collate(data: Any) -> Any:
         marks[2], marks[3] = cpu_now(), _voluntary_switches()
@@ -323,7 +352,7 @@ def _timed_fetch_at(self: Any, possibly_batched_index: Any, orig_fetch: Any, dep
         _per_sample[0] = (c0 - t0) / samples >= _PER_SAMPLE_MIN_S
     kind = _collate_info[0] or ("main" if not marks[1] else "custom")
     worker_span = (os.getpid(), _worker_id(), _caller_idx(), t0, c0, c0, c1, samples, slowest, kind, _collate_info[1],
-                   cpu1 - cpu0, blocked)
+                   cpu1 - cpu0, blocked, _collate_info[3])
     if depth == 0 and _in_worker():
         return _Traced(worker_span, out)
     _state.fetched = worker_span  # main-process loading: picked up by the iterator's __next__
@@ -509,13 +538,15 @@ def _delivered(self: Any, orig: Any) -> Any:
 
 
 _LOG_EVERY = [0]
-_SPAN_FIELDS = 13  # what _timed_fetch_at puts in a worker span; the arrival and rebuild times follow
+_SPAN_FIELDS = 14  # what _timed_fetch_at puts in a worker span; the arrival and rebuild times follow
 
 
 def _fill(tracer: Tracer, rec: Record, span: tuple, delivered: float) -> None:
-    pid, worker, _idx, f0, f1, c0, c1, samples, slowest, kind, nbytes, fetch_cpu, blocked = span[:_SPAN_FIELDS]
+    pid, worker, _idx, f0, f1, c0, c1, samples, slowest, kind, nbytes, fetch_cpu, blocked, parts = span[:_SPAN_FIELDS]
     rec.pid, rec.worker, rec.samples, rec.slowest, rec.ring, rec.nbytes = pid, worker, samples, slowest, kind, nbytes
     rec.fetch_cpu_s, rec.fetch_blocked_s = fetch_cpu, blocked
+    if parts:
+        tracer.add_parts(rec, parts)
     tracer.span(rec, "fetch", f0, f1)
     tracer.span(rec, "collate", c0, c1)
     if len(span) >= _SPAN_FIELDS + 2:  # from a worker: queue, then the rebuild

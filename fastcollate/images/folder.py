@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import _ext
+from ..core import trace as _trace
 from .boxes import Box, CenterCrop, RandomResizedCrop
 from .collate import ImageBatch, Stats, decode_threads, arena_for, run_batch
 from .decoding import DecodeError, Source, as_bytes, default_max_pixels, inspect_many
@@ -161,7 +162,9 @@ class ImageFolder(Dataset):
                         files.append(as_bytes(f.read()))
                 except OSError as exc:
                     files.append(exc.strerror or str(exc))
-        self.stats_.read_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats_.read_s += t1 - t0
+        _trace.note_fetch_part("read files", t0, t1)
         for i, data in zip(indices, files):
             if isinstance(data, str):
                 raise DecodeError(f"fastcollate.images: {self._name(i)} cannot be read: {data}")

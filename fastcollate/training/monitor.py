@@ -193,7 +193,7 @@ class StallMonitor:
             found = diagnosis.diagnose(self.tracer, wall, self.wait_s, compute, self._batch_info)
             out.update(bottleneck=found["bottleneck"], stages=found["stages"], workers=found["workers"],
                        queue=found["queue"], findings=found["advice"], errors=dict(self.tracer.errors),
-                       batches_traced=len(self.tracer.records))
+                       batches_traced=len(self.tracer.records), fetch_parts=_fetch_parts(self.tracer))
             if found["bottleneck"] is not None:
                 # the trace's advice is computed from the numbers; a fixed hint beside it could
                 # contradict it (it once said "raise num_workers" after "every core already runs a worker")
@@ -256,6 +256,15 @@ class StallMonitor:
                          f"max {q['max_ready']} ({q['ready_fraction']:.0%} of steps found one ready)")
         if r.get("errors"):
             lines.append("  errors: " + ", ".join(f"{k} {v}" for k, v in r["errors"].items()))
+        fp = r.get("fetch_parts") or {}
+        if fp.get("batches"):
+            line = "  inside the fetch, a batch: " + ", ".join(f"{k} {v:.2f} ms" for k, v in fp["wall_ms"].items())
+            if "decode_cpu_ms" in fp:
+                line += (f" (the engine's CPU over its threads: decode {fp['decode_cpu_ms']:.2f} ms, resize "
+                         f"{fp['resize_cpu_ms']:.2f} ms)")
+            if "images" in fp:
+                line += f"; {fp['fallbacks']} of {fp['images']} images decoded by Pillow"
+            lines.append(line)
         ring = r.get("ring") or {}
         if ring.get("ring"):
             lines.append(f"  ring: {ring.get('ring_hits', 0)} hits, {ring.get('ring_full', 0)} full, "
@@ -346,6 +355,26 @@ def _weakrefable(obj: Any) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _fetch_parts(tracer: Any) -> dict[str, Any]:
+    """The stages a dataset reported inside its fetches (fastcollate.images: reading the files,
+    decode + resize), per batch that reported them: wall ms by stage, the engine's CPU ms, and
+    the images and fallbacks counted."""
+    with tracer.lock:
+        parts = dict(tracer.parts)
+    n = parts.pop("batches", 0)
+    if not n:
+        return {}
+    out: dict[str, Any] = {"batches": n, "wall_ms": {}}
+    for key, value in parts.items():
+        if key.endswith("_cpu_s"):
+            out[key[:-2] + "_ms"] = 1e3 * value / n
+        elif key.endswith("_s"):
+            out["wall_ms"][key[:-2]] = 1e3 * value / n
+        else:
+            out[key] = int(value)
+    return out
 
 
 def _ring_stats(ref: Any) -> dict[str, Any]:

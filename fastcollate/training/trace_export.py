@@ -42,6 +42,13 @@ def chrome_events(records: list[Any], main_pid: int, t0: float, rank: str | None
                 names[(main_pid, 3)] = "result queue"
             else:
                 add(main_pid, 1, stage, span, args)
+        fetch = r.spans.get("fetch")
+        for name, a, b in (r.parts or {}).get("spans", ()) if fetch else ():
+            # nested in the fetch, on its track. Work a collate hook did for the dataset is
+            # counted as the fetch's by moving the fetch's end, not its start, so such a part
+            # can stick out by the hook's own few microseconds: clipped, or a viewer would not nest it
+            extra = {k: v for k, v in r.parts.items() if k != "spans"}
+            add(r.pid, 1, name, (max(a, fetch[0]), min(b, fetch[1])), {**args, **extra})
         if r.gpu_ms is not None and "compute" in r.spans:
             add(GPU_PID, 1, "compute (GPU)", (r.spans["compute"][0], r.spans["compute"][0] + r.gpu_ms / 1e3), args)
         if r.h2d_ms is not None and "transfer" in r.spans:
