@@ -32,10 +32,34 @@ def pillow(data: bytes) -> np.ndarray:
 
 
 def test_the_compiled_stage_is_the_one_tested_where_libjpeg_was_built():
-    # CI's build has libjpeg: there the engine must be the one decoding, not the Pillow fallback
-    if os.environ.get("CI") and _ext._C is not None:
+    # CI builds with libjpeg (.ci/run sets this): there the engine must be the one decoding, not
+    # the Pillow fallback
+    if os.environ.get("FASTCOLLATE_EXPECT_JPEG"):
         assert ENGINE, fi.why_not()
-    assert (fi.why_not() is None) == ENGINE
+        assert fi.decoding.inspect(fi.decoding.as_bytes(VARIANTS["baseline-420"]), "x", 1 << 40).engine
+
+
+def test_without_the_compiled_stage_every_image_goes_through_pillow_and_says_why(folder, monkeypatch):
+    # what a build without libjpeg loads: the engine, without its JPEG stage
+    want = [fi.ImageFolder(folder, transform=fi.RandomResizedCrop(24, flip=0.5), seed=3)[i] for i in range(4)]
+
+    class NoJpeg:
+        def __init__(self, C):
+            self._C = C
+
+        def __getattr__(self, name):
+            return False if name == "jpeg_available" else getattr(self._C, name)
+
+    if _ext._C is not None:
+        monkeypatch.setattr(_ext, "_C", NoJpeg(_ext._C))
+    assert not fi.available() and ("libjpeg" in fi.why_not() or "did not load" in fi.why_not())
+    ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(24, flip=0.5), seed=3)
+    for i, (x, y) in enumerate(want):  # the same pixels, by Pillow
+        got = ds[i]
+        assert torch.equal(got[0], x) and got[1] == y
+    assert ds.stats()["fallbacks"] == 4
+    rgb = torch.from_numpy(pillow(VARIANTS["baseline-420"]).copy()).permute(2, 0, 1)
+    assert torch.equal(fi.decode(VARIANTS["baseline-420"]), rgb)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -204,13 +228,43 @@ def test_the_same_batches_for_any_workers_and_either_loader(folder):
     ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(24, flip=0.5), seed=1)
     want = _epochs(DataLoader(ds, batch_size=5), ds)
     assert not torch.equal(want[0][0][0], want[1][0][0])  # new crops each epoch
-    for kw in ({"num_workers": 1}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True},
+    for kw in ({"num_workers": 0}, {"num_workers": 1}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True},
                {"num_workers": 2, "multiprocessing_context": "spawn", "persistent_workers": True}):
         for make in (DataLoader, fastcollate.DataLoader):
-            got = _epochs(make(ds, batch_size=5, timeout=120, **kw), ds)
+            got = _epochs(make(ds, batch_size=5, timeout=120 if kw["num_workers"] else 0, **kw), ds)
             assert _same(got, want), (make, kw)
+    # shuffled: the same order from the same generator, so the same batches in any loader
+    shuffled = _epochs(DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)), ds)
+    assert not _same(shuffled, want)
+    for workers in (0, 2):
+        for make in (DataLoader, fastcollate.DataLoader):
+            loader = make(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3),
+                          num_workers=workers, timeout=120 if workers else 0)
+            assert _same(_epochs(loader, ds), shuffled), (make, workers)
     loader = fastcollate.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=torch.utils.data.default_collate)
     assert _same(_epochs(loader, ds), want)
+
+
+def test_auto_mode_moves_between_threads_and_workers_with_the_same_batches(folder):
+    from fastcollate.tuning import decide as plan
+
+    ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(24, flip=0.5), seed=6)
+    want = _epochs(DataLoader(ds, batch_size=5), ds, epochs=4)
+    auto = fastcollate.DataLoader(ds, batch_size=5, num_workers="auto")
+    # the engine's threads in the main process, then workers, then threads again: one a new epoch
+    script = [plan.Choice(0), plan.Choice(2, 2), plan.Choice(0)]
+
+    def decide(st, m, budget):
+        assert m.batches == -(-len(ds) // 5)  # each epoch measured whole, whatever made it
+        if not script:
+            st.settled = True
+            return plan.Record(m.epoch, "keep", st.current, st.current, "settled", measured=m, settled=True)
+        before, st.current = st.current, script.pop(0)
+        return plan.Record(m.epoch, "change", before, st.current, "scripted", measured=m, predicted=1.0)
+
+    auto._auto.decide = decide
+    assert _same(_epochs(auto, ds, epochs=4), want)
+    assert [r.after.workers for r in auto.auto_log if r.action == "change"] == [0, 2, 0]
 
 
 def test_fastcollate_loader_advances_the_epoch_when_the_user_does_not(folder):
@@ -229,21 +283,35 @@ def test_fastcollate_loader_advances_the_epoch_when_the_user_does_not(folder):
             list(DataLoader(plain, batch_size=7))
 
 
-def test_resumed_stateful_loader_gives_the_same_batches(folder):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_stateful_loader_gives_the_same_batches(folder, workers):
     tdn = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make(dataset):
+        return tdn.StatefulDataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0),
+                                      num_workers=workers)
+
     ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(16, flip=0.5), seed=4)
     ds.set_epoch(2)
-    g = torch.Generator().manual_seed(0)
-    full = tdn.StatefulDataLoader(ds, batch_size=4, shuffle=True, generator=g)
+    full = make(ds)
     it = iter(full)
     first = [next(it) for _ in range(2)]
     state = full.state_dict()
     rest = list(it)
-    again = tdn.StatefulDataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    # a new process's view: a fresh dataset over the same folder, told the epoch it resumes
+    fresh = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(16, flip=0.5), seed=4)
+    fresh.set_epoch(2)
+    again = make(fresh)
     again.load_state_dict(state)
     resumed = list(again)
-    assert len(resumed) == len(rest) and all(torch.equal(a[0], b[0]) for a, b in zip(resumed, rest))
-    assert first
+    assert len(first) == 2 and len(resumed) == len(rest) > 0
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(resumed, rest))
+
+
+def _headers_only(data: bytes) -> bytes:
+    """Every marker segment up to and including the start of scan, and no entropy data."""
+    at = data.index(b"\xff\xda")
+    return data[:at + 2 + int.from_bytes(data[at + 2:at + 4], "big")]
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -252,7 +320,8 @@ def test_resumed_stateful_loader_gives_the_same_batches(folder):
     (VARIANTS["baseline-420"][:300], "truncated"),
     (VARIANTS["baseline-420"][:len(VARIANTS["baseline-420"]) // 2], "truncated"),
     (VARIANTS["baseline-420"][:2] + b"\x00" * 400, "header cannot be read"),
-], ids=["empty", "not-an-image", "header-only", "truncated-half", "corrupt-header"])
+    (_headers_only(VARIANTS["baseline-420"]), "truncated"),
+], ids=["empty", "not-an-image", "header-cut", "truncated-half", "corrupt-header", "header-only"])
 def test_bad_files_are_refused_by_name(tmp_path, bad, words):
     root = tmp_path / "root"
     (root / "a").mkdir(parents=True)
@@ -268,13 +337,16 @@ def test_bad_files_are_refused_by_name(tmp_path, bad, words):
     with pytest.raises(fi.DecodeError, match=words):
         fi.decode(bad)
     # through a loader's worker it surfaces in the main process as torch's worker errors do
-    with pytest.raises(fi.DecodeError, match="ok1.jpg"):
-        list(fastcollate.DataLoader(ds, batch_size=3, num_workers=1, timeout=120))
+    for make in (DataLoader, fastcollate.DataLoader):
+        with pytest.raises(fi.DecodeError, match="Caught DecodeError in DataLoader worker process 0") as err:
+            list(make(ds, batch_size=3, num_workers=1, timeout=120))
+        assert "ok1.jpg (index 1)" in str(err.value) and words in str(err.value)
 
 
 def test_corrupt_entropy_data_is_an_error_or_pillows_pixels():
     data = bytearray(VARIANTS["baseline-420"])
     rng = np.random.default_rng(0)
+    outcomes = {"both refused": 0, "equal pixels": 0}
     for trial in range(40):
         bad = bytearray(data)
         for pos in rng.integers(700, len(bad) - 2, 8):
@@ -284,12 +356,15 @@ def test_corrupt_entropy_data_is_an_error_or_pillows_pixels():
         except OSError:
             with pytest.raises(fi.DecodeError):
                 fi.decode(bytes(bad))
+            outcomes["both refused"] += 1
             continue
         try:
             got = fi.decode(bytes(bad))
         except fi.DecodeError:
             continue  # refused where Pillow got something: never wrong pixels
         assert np.array_equal(got.permute(1, 2, 0).numpy(), want), trial
+        outcomes["equal pixels"] += 1
+    assert outcomes["both refused"] >= 1 and outcomes["equal pixels"] >= 20, outcomes  # both routes were taken
 
 
 def test_a_pixel_limit_refuses_before_decoding(tmp_path):
@@ -301,6 +376,22 @@ def test_a_pixel_limit_refuses_before_decoding(tmp_path):
     ds = fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(8), max_pixels=50_000)
     with pytest.raises(fi.DecodeError, match=r"big.jpg \(index 0\).*50000"):
         ds[0]
+
+
+def test_the_default_pixel_limit_is_where_pillow_refuses(tmp_path, monkeypatch):
+    # Pillow warns above MAX_IMAGE_PIXELS and refuses above twice that (DecompressionBombError):
+    # the default refuses what Pillow refuses, so that what torchvision's ImageFolder loads loads here
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 224 * 224 // 2 - 1)  # 224x224 is just over twice it
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "big.jpg").write_bytes(VARIANTS["224x224"])
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(tmp_path / "c" / "big.jpg").convert("RGB")
+    with pytest.raises(fi.DecodeError, match=r"big.jpg \(index 0\)"):
+        fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(8))[0]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 224 * 224 // 2)  # exactly twice: Pillow only warns
+    with pytest.warns(Image.DecompressionBombWarning):
+        Image.open(tmp_path / "c" / "big.jpg").convert("RGB")
+    assert fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(8))[0][0].shape == (3, 8, 8)
 
 
 def test_decode_collate_for_streamed_samples():
@@ -319,23 +410,34 @@ def test_decode_collate_for_streamed_samples():
 
 
 @needs_engine
-def test_no_fd_or_memory_growth_over_epochs(folder):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_no_fd_or_memory_growth_over_epochs(folder, workers):
     import gc
 
     import psutil
 
     ds = fi.ImageFolder(folder, transform=fi.RandomResizedCrop(32, flip=0.5))
-    loader = fastcollate.DataLoader(ds, batch_size=8)
-    proc = psutil.Process()
+    # with workers: persistent ones, whose batches come through the ring's shared slots
+    loader = fastcollate.DataLoader(ds, batch_size=8, num_workers=workers, persistent_workers=workers > 0,
+                                    timeout=120 if workers else 0)
+    me = psutil.Process()
+
+    def usage():
+        gc.collect()
+        pids = [me.pid] + [w.pid for w in (loader._iterator._workers if workers else ())]
+        return {pid: (psutil.Process(pid).num_fds(), psutil.Process(pid).memory_info().rss) for pid in pids}
+
     for _ in range(3):
         list(loader)
-    gc.collect()
-    fds, rss = proc.num_fds(), proc.memory_info().rss
+    before = usage()
+    assert len(before) == 1 + workers
     for _ in range(20):
         list(loader)
-    gc.collect()
-    assert proc.num_fds() <= fds
-    assert proc.memory_info().rss - rss < 16 << 20, (rss, proc.memory_info().rss)
+    after = usage()
+    assert after.keys() == before.keys()  # the same persistent workers, none re-spawned
+    for pid, (fds, rss) in before.items():
+        assert after[pid][0] <= fds, (pid, before, after)
+        assert after[pid][1] - rss < 16 << 20, (pid, before, after)
 
 
 def test_the_trace_names_the_decode_the_datasets_work(folder):
