@@ -262,11 +262,14 @@ def stage_alone(root: str, size: int, batch: int) -> list[str]:
     ds = fi.ImageFolder(root, transform=fi.RandomResizedCrop(size, flip=0.5))
     idx = list(range(min(len(ds), batch)))
     rows = []
-    times = {}
-    for threads in (1, 2, 1, 2, 1, 2):
-        t0 = time.perf_counter()
-        ds._decode(idx, None, threads, batch=False)
-        times.setdefault(threads, []).append(time.perf_counter() - t0)
+    times: dict[int, list[float]] = {1: [], 2: []}
+    # alternating, best of at least 3 each and of 2 s in all: a 500 x 375 batch takes ~30 ms,
+    # and the best of 3 such moved 1.7-1.9x between runs beside this VM's neighbours
+    while len(times[2]) < 3 or sum(times[1]) + sum(times[2]) < 2.0:
+        for threads in (1, 2):
+            t0 = time.perf_counter()
+            ds._decode(idx, None, threads, batch=False)
+            times[threads].append(time.perf_counter() - t0)
     t1, t2 = min(times[1]), min(times[2])
     rows.append(f"- the stage alone, a batch of {len(idx)}: 1 thread {len(idx) / t1:.0f} images/s, 2 threads "
                 f"{len(idx) / t2:.0f} images/s: {t1 / t2:.2f}x")
@@ -348,6 +351,24 @@ def fast_distance(root: str, size: int, n: int = 64) -> str:
             f"median {psnr.median():.1f} dB (min {psnr.min():.1f})")
 
 
+def against(rates: dict[str, list[float]]) -> list[str]:
+    """The per-round ratios the acceptance reads: each fastcollate row to the Python prototype
+    and to the fastest peer (the one with the highest median)."""
+    peers = [k for k in rates if k.split()[0] in ("DALI", "SPDL") or "Pillow-SIMD" in k]
+    others = [k for k in ("Python prototype, 2 threads",) if k in rates]
+    if peers:
+        others.append(max(peers, key=lambda k: statistics.median(rates[k])))
+    out = []
+    for name in (k for k in rates if k.startswith("fastcollate")):
+        parts = []
+        for other in others:
+            r = [a / b for a, b in zip(rates[name], rates[other])]
+            parts.append(f"{statistics.median(r):.2f}x {other.split(',')[0]} ({min(r):.2f}-{max(r):.2f})")
+        if parts:
+            out.append(f"- {name}, per round: " + "; ".join(parts))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--photos", choices=sorted(SIZES), default="imagenet")
@@ -401,6 +422,7 @@ def main() -> None:
         lines.append(f"| {name} | {statistics.median(rs):.1f} | {statistics.median(ratios):.2f}x "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) |")
     lines.append("")
+    lines += against(rates)
     lines += stage_alone(root, 224, args.batch)
     if args.mode in ("fast", "both"):
         lines += fast_floor(root, 224, args.batch, statistics.median(rates[base]))

@@ -46,6 +46,7 @@ SLOW = (
     "tests/test_doctor.py::test_randomness_a_weak_check_misses_never_gets_the_cache",
     "tests/test_doctor.py::test_spawned_workers_are_not_started_again_in_the_measuring_rounds",
     "tests/test_doctor_plan.py::test_the_budget_is_shared_among_the_phases",
+    "tests/test_images_benchmark.py::test_the_benchmark_measures_every_contender",
     "tests/test_fuzz.py::test_workers_equal_torch_workers[collate-spawn]",
     "tests/test_fuzz.py::test_workers_equal_torch_workers[padding-spawn]",
     "tests/test_loader.py::test_a_getitems_returning_one_tensor_is_refused_as_torch_refuses_it",

@@ -37,6 +37,8 @@ def test_the_benchmark_measures_every_contender_and_the_pillow_simd_child_import
     for row in rows:
         assert float(row.split(" | ")[1]) > 0, row
     assert "entropy-decoding down to each box's last row alone" in r.stdout
+    assert "- fastcollate exact, 2 threads, per round: " in r.stdout and "x Python prototype (" in r.stdout
+    assert f"x torch + Pillow-SIMD {PIL.__version__} v1 (" in r.stdout  # the fastest peer: the only one here
 
 
 def test_the_pillow_simd_child_refuses_a_folder_without_pil(tmp_path):
