@@ -275,19 +275,27 @@ def stage_alone(root: str, size: int, batch: int) -> list[str]:
                 f"{len(idx) / t2:.0f} images/s: {t1 / t2:.2f}x")
     srcs = ds._sources(idx, 1)
     boxes = [ds._box(i, s.height, s.width, 0) for i, s in zip(idx, srcs)]
-    best_stage = best_floor = float("inf")
-    for _ in range(3):
-        c0 = time.process_time()
-        ds._decode(idx, None, 1, batch=False)
-        best_stage = min(best_stage, time.process_time() - c0)
-        c0 = time.process_time()
+
+    def floor() -> None:
         for s, b in zip(srcs, boxes):
             hwc = _ext._C.jpeg_decode(s.data, 1, b.top, b.left, b.height, b.width, True)
             F.interpolate(hwc.permute(2, 0, 1)[None], size=(size, size), mode="bilinear", antialias=True)
-        best_floor = min(best_floor, time.process_time() - c0)
+
+    best_stage, best_floor = least_cpu(lambda: ds._decode(idx, None, 1, batch=False), floor)
     rows.append(f"- CPU per image: the stage {best_stage / len(idx) * 1e3:.2f} ms, the floor (region decode + "
                 f"resize alone) {best_floor / len(idx) * 1e3:.2f} ms: {best_stage / best_floor:.2f}x the floor")
     return rows
+
+
+def least_cpu(*runs, rounds: int = 3) -> list[float]:
+    """The least CPU seconds each of ``runs`` took over ``rounds`` alternating rounds."""
+    best = [float("inf")] * len(runs)
+    for _ in range(rounds):
+        for k, run in enumerate(runs):
+            c0 = time.process_time()
+            run()
+            best[k] = min(best[k], time.process_time() - c0)
+    return best
 
 
 def fast_floor(root: str, size: int, batch: int, base_rate: float) -> list[str]:
@@ -302,17 +310,14 @@ def fast_floor(root: str, size: int, batch: int, base_rate: float) -> list[str]:
     idx = list(range(min(len(ds), batch)))
     srcs = ds._sources(idx, 1)
     plans = [ds.transform.plan(ds._box(i, s.height, s.width, 0), s.height, s.width, s.engine) for i, s in zip(idx, srcs)]
-    stage = floor = float("inf")
-    for _ in range(3):
-        c0 = time.process_time()
-        ds._decode(idx, None, 1, batch=False)
-        stage = min(stage, time.process_time() - c0)
-        c0 = time.process_time()
+
+    def entropy() -> None:
         for s, p in zip(srcs, plans):
             last = p.box.top + p.box.height
             top, left = max(0, last - 16), max(0, min(p.box.left, s.width - 16))
             _ext._C.jpeg_decode(s.data, 1, top, left, min(16, last), min(16, s.width), True)
-        floor = min(floor, time.process_time() - c0)
+
+    stage, floor = least_cpu(lambda: ds._decode(idx, None, 1, batch=False), entropy)
     n = len(idx)
     bound = (os.cpu_count() or 1) * n / floor
     down = sum((p.box.top + p.box.height) / s.height for s, p in zip(srcs, plans)) / n
