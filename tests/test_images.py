@@ -527,6 +527,25 @@ def test_repeats_are_counted_across_fresh_workers_and_empty_classes_refused(fold
         fi.ImageFolder(str(tmp_path), transform=fi.RandomResizedCrop(4))
 
 
+def test_the_stages_last_copy_under_address_and_undefined_sanitizers(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to build the sanitized harness")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = tmp_path / "harness"
+    engine = [f"{root}/csrc/engine/{f}.cpp" for f in ("transpose", "pool", "copy")]
+    build = subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                            "-fno-sanitize-recover=all", f"-I{root}/csrc", f"{root}/tests/transpose_asan_harness.cpp",
+                            *engine, "-lpthread", "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    if build.returncode != 0:
+        pytest.skip(f"the sanitized harness does not build here: {build.stderr[-300:]}")
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"))
+    assert run.returncode == 0 and "3000 shapes ok" in run.stdout, (run.stdout + run.stderr)[-4000:]
+
+
 @pytest.mark.skipif(not ENGINE, reason=str(fi.why_not()))
 def test_the_decoder_under_address_and_undefined_sanitizers(tmp_path):
     import shutil
